@@ -1,0 +1,144 @@
+"""The queue-server contract every backend implements (shared/DESIGN.md section 2).
+
+Guarantee: at-least-once. A job disappears only through ``ack`` (settled as done)
+or ``dead``. A slot that dies leaves its jobs locked; they come back when the lock
+expires (Redis) or when the connection closes (RabbitMQ).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict
+
+from qcluster.job import Delivery
+
+
+class QueueStats(BaseModel):
+    """Counts for one queue. ``ready`` counts jobs a take could return now."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ready: int = 0
+    locked: int = 0
+    delayed: int = 0
+    dead: int = 0
+
+    @property
+    def backlog(self) -> int:
+        return self.ready
+
+
+class DeadJob(BaseModel):
+    """A dead-lettered job as shown to operators."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    queue: str
+    body: str
+    """The stored message, decoded as UTF-8 with replacement (it may be malformed)."""
+    reason: str
+    attempts: int
+    dead_at: float
+    """Broker-clock unix seconds."""
+
+
+@dataclass(slots=True)
+class Settlement:
+    """What happened to each job of a batch; settled in as few round trips as possible.
+
+    A plain dataclass: it is built once per batch on the hot path.
+    """
+
+    ack: list[Delivery] = field(default_factory=list)
+    postpone: list[tuple[Delivery, float]] = field(default_factory=list)
+    """Each with its delay in seconds."""
+    dead: list[tuple[Delivery, str]] = field(default_factory=list)
+    """Each with its reason."""
+
+    def __len__(self) -> int:
+        return len(self.ack) + len(self.postpone) + len(self.dead)
+
+
+class Broker(ABC):
+    """A queue server. Instances are not shared across processes: open one after fork."""
+
+    #: Human-readable URL with any password masked.
+    safe_url: str = ""
+
+    @abstractmethod
+    def publish_many(
+        self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
+    ) -> None:
+        """Store ``(job_id, body)`` messages; none is given out before now + ``delay_s``.
+
+        Returns only once the broker holds every message (Redis: the script ran;
+        RabbitMQ: publisher confirms). Raises BrokerUnavailable after retries.
+        """
+
+    def publish(self, queue: str, job_id: str, body: bytes, *, delay_s: float = 0.0) -> None:
+        self.publish_many(queue, [(job_id, body)], delay_s=delay_s)
+
+    @abstractmethod
+    def take(
+        self, queue: str, *, max_jobs: int, lock_timeout_s: float, wait_s: float = 0.0
+    ) -> list[Delivery]:
+        """Up to ``max_jobs`` ready jobs, each locked for ``lock_timeout_s``.
+
+        Taking and locking is one server-side step. Each take counts as an attempt.
+        Waits up to ``wait_s`` for the first job when none is ready; returns ``[]``
+        when none came.
+        """
+
+    @abstractmethod
+    def settle(self, queue: str, settlement: Settlement) -> None:
+        """Apply a batch's outcomes: ack (delete), postpone (unlock, activate later),
+        dead (move to the dead-letter store with the reason)."""
+
+    def ack(self, queue: str, deliveries: Sequence[Delivery]) -> None:
+        self.settle(queue, Settlement(ack=list(deliveries)))
+
+    def postpone(self, queue: str, delivery: Delivery, delay_s: float) -> None:
+        self.settle(queue, Settlement(postpone=[(delivery, delay_s)]))
+
+    def dead(self, queue: str, delivery: Delivery, reason: str) -> None:
+        self.settle(queue, Settlement(dead=[(delivery, reason)]))
+
+    @abstractmethod
+    def stats(self, queue: str) -> QueueStats:
+        """Exact counts for the queue (see the README for RabbitMQ's approximations)."""
+
+    @abstractmethod
+    def queues(self) -> list[str]:
+        """Names of the queues this broker has seen (published to or taken from)."""
+
+    @abstractmethod
+    def dead_jobs(self, queue: str, *, limit: int = 100) -> list[DeadJob]:
+        """The dead-letter store, newest first, at most ``limit``."""
+
+    @abstractmethod
+    def requeue_dead(self, queue: str) -> int:
+        """Move every dead job back to ready with attempts reset; returns how many."""
+
+    @abstractmethod
+    def purge(self, queue: str) -> int:
+        """Delete every ready and delayed job of the queue; returns how many.
+
+        Locked and dead jobs are kept (locked ones are being worked on)."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise BrokerUnavailable if the broker does not answer."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections. Unsettled jobs of this process come back later."""
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,140 @@
+"""The job envelope: JSON only, never pickle.
+
+What a producer stores is an :class:`Envelope` encoded as compact JSON. The broker
+adds what only it can know at take time (attempts, activation time from its clock)
+and hands the slot a :class:`Delivery`; the slot decodes it into a :class:`Job`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from qcluster.errors import EnvelopeError
+
+SCHEMA_VERSION = 1
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+JSON_CONTENT_TYPE = "application/json"
+
+
+class Envelope(BaseModel):
+    """What is stored on the broker for one job."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = SCHEMA_VERSION
+    id: str = Field(min_length=1, max_length=200)
+    queue: str = Field(min_length=1, max_length=200)
+    payload: Any = None
+    enqueued_at: float
+    """Producer wall-clock time (unix seconds), for display and wait metrics."""
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def encode_envelope(envelope: Envelope, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> bytes:
+    """Compact JSON bytes; refuses a message over ``max_bytes``."""
+    body = envelope.model_dump_json().encode()
+    if len(body) > max_bytes:
+        raise EnvelopeError(
+            f"job for queue {envelope.queue!r} is {len(body)} bytes, over the "
+            f"{max_bytes}-byte limit (max_message_bytes)"
+        )
+    return body
+
+
+def make_envelope(
+    queue: str, payload: Any, *, enqueued_at: float, headers: dict[str, str] | None = None
+) -> Envelope:
+    """A new envelope; fails early if ``payload`` is not JSON-serialisable."""
+    try:
+        json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise EnvelopeError(f"payload for queue {queue!r} is not JSON: {exc}") from exc
+    return Envelope(
+        id=new_job_id(), queue=queue, payload=payload, enqueued_at=enqueued_at,
+        headers=headers or {},
+    )
+
+
+def decode_envelope(body: bytes, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
+    """Parse stored bytes; any problem is an :class:`EnvelopeError` with the reason."""
+    if len(body) > max_bytes:
+        raise EnvelopeError(f"oversized: {len(body)} bytes > {max_bytes}")
+    try:
+        return Envelope.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise EnvelopeError(f"malformed: {where}: {first.get('msg')}") from exc
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One taken message as the broker hands it out, before decoding.
+
+    ``receipt`` is the backend's own handle (a kombu Message, nothing for Redis);
+    slots pass deliveries back to settle them and never look inside it.
+    """
+
+    id: str
+    body: bytes
+    attempts: int
+    activate_at: float
+    """Broker-clock unix seconds at which the job became ready (for wait metrics)."""
+    taken_at: float
+    """Broker-clock unix seconds of the take."""
+    content_type: str = JSON_CONTENT_TYPE
+    receipt: Any = None
+
+
+OutcomeKind = Literal["done", "retry", "fail", "error"]
+
+
+@dataclass(slots=True)
+class Job:
+    """A job handed to a handler. Handlers may call :meth:`retry` or :meth:`fail`."""
+
+    id: str
+    queue: str
+    payload: Any
+    attempts: int
+    enqueued_at: float
+    activate_at: float
+    headers: dict[str, str] = field(default_factory=dict)
+    delivery: Delivery | None = field(default=None, repr=False)
+    outcome: OutcomeKind | None = None
+    retry_delay_s: float = 0.0
+    fail_reason: str = ""
+    error: str = ""
+    """Set with outcome "error": the exception, as "Type: message"."""
+
+    def retry(self, delay: float = 0.0) -> None:
+        """Postpone: hand the job out again after ``delay`` seconds."""
+        if delay < 0:
+            raise ValueError("retry delay must be >= 0")
+        self.outcome, self.retry_delay_s = "retry", float(delay)
+
+    def fail(self, reason: str) -> None:
+        """Dead-letter the job with ``reason``; it is not retried."""
+        self.outcome, self.fail_reason = "fail", str(reason)
+
+    def mark_error(self, exc: BaseException) -> None:
+        """The handler raised for this job: the queue's on_error policy decides."""
+        self.outcome, self.error = "error", f"{type(exc).__name__}: {exc}"[:1000]
+
+    @classmethod
+    def from_delivery(cls, delivery: Delivery, envelope: Envelope) -> Job:
+        return cls(
+            id=delivery.id, queue=envelope.queue, payload=envelope.payload,
+            attempts=delivery.attempts, enqueued_at=envelope.enqueued_at,
+            activate_at=delivery.activate_at, headers=dict(envelope.headers),
+            delivery=delivery,
+        )

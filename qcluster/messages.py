@@ -1,0 +1,241 @@
+"""Every message that crosses a process boundary, defined once.
+
+* slot <-> master: the per-slot control channel (a SOCK_SEQPACKET socketpair, one
+  JSON message per packet), tagged by ``kind``;
+* master <-> manager: the host report and the manager's reply (its row of the slot map).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from qcluster.policy import QueuePolicy
+
+SCHEMA_VERSION = 1
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- slot -> master -------------------------------------------------------------
+
+
+class SlotHello(_Msg):
+    kind: Literal["hello"] = "hello"
+    slot_no: int
+    pid: int
+    queue: str
+
+
+class Heartbeat(_Msg):
+    kind: Literal["heartbeat"] = "heartbeat"
+    queue: str
+    idle: bool
+    """True when the last take found nothing ready."""
+
+
+class BatchStarted(_Msg):
+    kind: Literal["batch_started"] = "batch_started"
+    queue: str
+    size: int
+    deadline_mono: float
+    """time.monotonic() (system-wide on Linux) after which the master kills the slot."""
+
+
+class BatchCounters(_Msg):
+    """What one or more batches did; summed by the master per queue."""
+
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    """Dead-lettered by the handler, by max_attempts, or as malformed."""
+    malformed: int = 0
+    batches: int = 0
+    busy_s: float = 0.0
+    """Seconds spent in the handler."""
+
+    def __add__(self, other: BatchCounters) -> BatchCounters:
+        return BatchCounters(
+            done=self.done + other.done,
+            retried=self.retried + other.retried,
+            failed=self.failed + other.failed,
+            malformed=self.malformed + other.malformed,
+            batches=self.batches + other.batches,
+            busy_s=self.busy_s + other.busy_s,
+        )
+
+    @property
+    def processed(self) -> int:
+        return self.done + self.retried + self.failed
+
+
+class BatchDone(_Msg):
+    kind: Literal["batch_done"] = "batch_done"
+    queue: str
+    counters: BatchCounters
+
+
+class Recycling(_Msg):
+    kind: Literal["recycling"] = "recycling"
+    private_dirty_bytes: int
+    limit_bytes: int
+
+
+SlotToMaster = Annotated[
+    SlotHello | Heartbeat | BatchStarted | BatchDone | Recycling, Field(discriminator="kind")
+]
+SLOT_TO_MASTER: TypeAdapter[SlotToMaster] = TypeAdapter(SlotToMaster)
+
+
+# --- master -> slot -------------------------------------------------------------
+
+
+class SwitchQueue(_Msg):
+    kind: Literal["switch"] = "switch"
+    queue: str
+
+
+class StopSlot(_Msg):
+    kind: Literal["stop"] = "stop"
+
+
+MasterToSlot = Annotated[SwitchQueue | StopSlot, Field(discriminator="kind")]
+MASTER_TO_SLOT: TypeAdapter[MasterToSlot] = TypeAdapter(MasterToSlot)
+
+
+# --- master <-> manager ---------------------------------------------------------
+
+
+class HostFacts(_Msg):
+    cpus: float
+    """CPUs usable here (cgroup cpu.max taken into account)."""
+    loadavg: tuple[float, float, float]
+    mem_total_bytes: int
+    mem_available_bytes: int
+    pss_total_bytes: int
+    """PSS of the master and all its slots."""
+    avg_slot_pss_bytes: int
+
+
+SlotState = Literal["starting", "idle", "busy", "stopping", "backoff"]
+
+
+class SlotInfo(_Msg):
+    slot_no: int
+    pid: int
+    queue: str
+    state: SlotState
+    started_at: float
+    """Wall-clock unix seconds."""
+    jobs_done: int = 0
+    pss_bytes: int = 0
+    private_dirty_bytes: int = 0
+
+
+class QueueCounters(_Msg):
+    """One queue on one host since the previous report."""
+
+    counters: BatchCounters = BatchCounters()
+    alive_s: float = 0.0
+    """Sum over this queue's slots of the seconds they existed in the interval."""
+
+
+class HostReport(_Msg):
+    schema_version: int = SCHEMA_VERSION
+    host: str
+    sent_at: float
+    """Master wall-clock unix seconds."""
+    interval_s: float
+    facts: HostFacts
+    capacity_slots: int
+    queues: dict[str, QueuePolicy]
+    """Queues this host can serve, with their policies as declared in code."""
+    slots: list[SlotInfo]
+    counters: dict[str, QueueCounters]
+    generation: int = 0
+    """Generation of the row the master is applying (0: none received yet)."""
+
+
+class Assignment(_Msg):
+    """The manager's reply: this host's row of the slot map."""
+
+    schema_version: int = SCHEMA_VERSION
+    generation: int
+    row: dict[str, int]
+    report_interval_s: float = 2.0
+
+
+# --- manager API views (GET /api/v1/cluster and the admin UI) -------------------
+
+
+class QueueView(_Msg):
+    name: str
+    priority: int
+    min_slots: int
+    max_slots: int
+    slots_current: int
+    """Slots running for the queue now, over all live hosts."""
+    slots_planned: int
+    slots_avg: float
+    """Average running slots over the planning window (below min when slots restart often)."""
+    load: float
+    """(busy time + estimated backlog time) / slot time over the window; 1.0 = 100%."""
+    about_to_resize: bool
+    """The load is outside the queue's tolerance band: the next round changes its slots."""
+    backlog: int
+    locked: int
+    delayed: int
+    dead: int
+    rate_in: float
+    """Jobs/s arriving (estimated from backlog change plus processed)."""
+    rate_out: float
+    """Jobs/s processed."""
+    mean_job_seconds: float
+    paused: bool = False
+
+
+class HostView(_Msg):
+    name: str
+    alive: bool
+    capacity_slots: int
+    slots: dict[str, int]
+    """Running slots per queue (from the host's last report)."""
+    planned: dict[str, int]
+    """This host's row of the slot map."""
+    mem_available_bytes: int
+    pss_total_bytes: int
+    loadavg: tuple[float, float, float]
+    last_report_at: float
+    """Wall-clock unix seconds of the last report received."""
+
+
+class DecisionView(_Msg):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    at: float
+    queue: str
+    from_slots: int = Field(alias="from")
+    to_slots: int = Field(alias="to")
+    reason: str
+
+
+class ClusterView(_Msg):
+    generated_at: float
+    queues: list[QueueView]
+    hosts: list[HostView]
+    slot_map: dict[str, dict[str, int]]
+    """host -> queue -> planned slots."""
+    decisions: list[DecisionView]
+    """Newest first."""
+
+
+class HistoryPoint(_Msg):
+    at: float
+    backlog: int
+    slots_planned: int
+    slots_current: int
+    load: float
+    rate_out: float
