@@ -1,0 +1,165 @@
+"""Settings for every role, loaded in one place.
+
+Sources, highest first: explicit arguments (CLI flags) > ``QCLUSTER_*`` environment
+variables > ``qcluster.toml`` (``--config`` or ``QCLUSTER_CONFIG``; ``./qcluster.toml``
+if present) > defaults. Errors name the file, the field and what was expected, and
+nothing is started.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from qcluster.errors import ConfigError
+from qcluster.policy import QueuePolicy
+
+DEFAULT_CONFIG_FILE = "qcluster.toml"
+
+
+class MasterSettings(BaseModel):
+    """``[master]``: per-host limits. Nothing here is required with --host-auto."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reserve_mb: float = Field(512.0, ge=0)
+    """Memory left to the OS and other programs when sizing the host, MiB."""
+    slot_pss_estimate_mb: float = Field(64.0, gt=0)
+    """Assumed PSS of one slot before any slot has been measured, MiB."""
+    max_load_per_cpu: float = Field(4.0, gt=0)
+    """Capacity is capped at max_load_per_cpu * cpus when load is that high."""
+    max_slots: int = Field(256, ge=1)
+    """Hard cap on slots on one host, whatever memory says."""
+    report_interval_s: float = Field(2.0, gt=0)
+    """Seconds between reports to the manager."""
+    heartbeat_timeout_s: float = Field(30.0, gt=0)
+    """A slot silent for this long (not inside a batch) is killed as hung."""
+    memory_kill_factor: float = Field(2.0, gt=1)
+    """Kill a slot whose Private_Dirty passes this multiple of its recycle limit."""
+    graceful_timeout_s: float = Field(60.0, gt=0)
+    """On shutdown, seconds slots get to finish their batch before SIGKILL."""
+
+
+class ManagerSettings(BaseModel):
+    """``[manager]``: the planner and its HTTP server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = "127.0.0.1:7300"
+    interval_s: float = Field(2.0, gt=0)
+    """Seconds between planning rounds."""
+    window_s: float = Field(60.0, gt=0)
+    """Sliding window of statistics the planner looks at."""
+    host_expiry_intervals: int = Field(3, ge=1)
+    """A host that missed this many report intervals is dead."""
+    target_utilization: float = Field(0.8, gt=0, le=1)
+    decisions_kept: int = Field(500, ge=10)
+
+
+class Settings(BaseSettings):
+    """Everything a qcluster process may be configured with."""
+
+    model_config = SettingsConfigDict(env_prefix="QCLUSTER_", extra="forbid")
+
+    broker_url: str | None = None
+    """Broker URL(s); several RabbitMQ URLs separated by ';' fail over. None: embedded."""
+    app: str | None = None
+    """Application module (``MODULE`` or ``MODULE:ATTR``)."""
+    state_dir: Path = Path(".qcluster")
+    """Where the embedded broker keeps its socket and data."""
+    manager_url: str | None = None
+    """Where masters report (e.g. http://127.0.0.1:7300)."""
+    token: str | None = None
+    """Required by every mutating HTTP endpoint (401 without it)."""
+    metrics_dir: Path | None = None
+    """prometheus_client multiprocess directory; default: /dev/shm when usable."""
+    queues: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """``[queues.NAME]``: QueuePolicy overrides, keyed by QueuePolicy field names."""
+    master: MasterSettings = Field(default_factory=MasterSettings)
+    manager: ManagerSettings = Field(default_factory=ManagerSettings)
+
+    @field_validator("queues")
+    @classmethod
+    def _known_policy_keys(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        allowed = set(QueuePolicy.model_fields)
+        for name, overrides in value.items():
+            unknown = sorted(set(overrides) - allowed)
+            if unknown:
+                raise ValueError(
+                    f"[queues.{name}] has unknown key(s) {unknown}; allowed: {sorted(allowed)}"
+                )
+        return value
+
+    _toml_file: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if cls._toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=cls._toml_file))
+        return tuple(sources)
+
+
+def resolve_config_path(explicit: str | Path | None) -> Path | None:
+    """``--config`` > ``QCLUSTER_CONFIG`` > ``./qcluster.toml`` if it exists."""
+    if explicit:
+        path = Path(explicit)
+    elif os.environ.get("QCLUSTER_CONFIG"):
+        path = Path(os.environ["QCLUSTER_CONFIG"])
+    else:
+        default = Path(DEFAULT_CONFIG_FILE)
+        return default if default.is_file() else None
+    if not path.is_file():
+        raise ConfigError(f"configuration file {str(path)!r} does not exist")
+    return path
+
+
+def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load and validate settings; raise :class:`ConfigError` naming file and field.
+
+    ``overrides`` are explicit values (CLI flags); ``None`` values are ignored.
+    """
+    path = resolve_config_path(config)
+    if path is not None:
+        _check_toml_syntax(path)
+    explicit = {key: value for key, value in overrides.items() if value is not None}
+    Settings._toml_file = path
+    try:
+        return Settings(**explicit)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from exc
+    finally:
+        Settings._toml_file = None
+
+
+def _check_toml_syntax(path: Path) -> None:
+    try:
+        tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = str(path) if path else "settings (environment / flags)"
+    lines = [f"invalid configuration in {where}:"]
+    for error in exc.errors():
+        field = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
+        lines.append(f"  {field}: {error.get('msg')} (got {error.get('input')!r})")
+    return "\n".join(lines)
