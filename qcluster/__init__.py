@@ -7,7 +7,7 @@ gets), :class:`Client` (enqueue, stats, dead letters).
 from __future__ import annotations
 
 from qcluster.app import App
-# from qcluster.client import Client
+from qcluster.client import Client
 from qcluster.job import Job
 from qcluster.policy import QueuePolicy
 

@@ -19,7 +19,7 @@ class QueuePolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    batch_size: int = Field(1, ge=1, le=10_000)
+    batch_size: int = Field(1, ge=1, le=2_000)
     """Jobs taken per round trip and handed to the handler at once."""
     priority: int = Field(0, ge=-100, le=100)
     """Higher goes first when the cluster is short of slots."""

@@ -33,8 +33,8 @@ def open_broker(url: str | None = None, *, state_dir: Path | str = ".qcluster") 
     if url == EMBEDDED or url.startswith("embedded://"):
         from qcluster.broker.embedded import open_embedded
 
-        path = url.removeprefix("embedded://") or str(state_dir)
-        return open_embedded(Path(path))
+        path = url.removeprefix("embedded://") if url != EMBEDDED else ""
+        return open_embedded(Path(path or state_dir))
     if url.startswith(REDIS_SCHEMES):
         from qcluster.broker.redis_broker import RedisBroker
 

@@ -1,0 +1,3 @@
+from qcluster.cli import main
+
+main()

