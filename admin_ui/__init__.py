@@ -1,0 +1,1 @@
+"""The admin web pages, mounted by the manager (shared/DESIGN.md section 6)."""

@@ -1,0 +1,36 @@
+"""What the admin pages read and do, as a protocol the manager's service implements.
+
+The admin UI never imports the manager: the manager passes an object with these
+methods to :func:`admin_ui.router.install`. Tests pass a fake.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from qcluster.broker.base import DeadJob
+from qcluster.messages import ClusterView, HistoryPoint
+
+
+class ClusterSource(Protocol):
+    """The manager's public read (and guarded write) surface for the admin pages."""
+
+    def cluster_view(self) -> ClusterView:
+        """The current picture: queues, hosts, slot map, decisions (newest first)."""
+        ...
+
+    def queue_history(self, queue: str) -> list[HistoryPoint]:
+        """The queue's points over the last hour, oldest first (one per planning round)."""
+        ...
+
+    def dead_jobs(self, queue: str, limit: int = 50) -> list[DeadJob]:
+        """The queue's dead-letter jobs, newest first."""
+        ...
+
+    def requeue_dead(self, queue: str) -> int:
+        """Move the queue's dead jobs back to ready; returns how many. Caller checks the token."""
+        ...
+
+    def check_token(self, token: str | None) -> bool:
+        """True when ``token`` authorises a state change (False when no token is configured)."""
+        ...

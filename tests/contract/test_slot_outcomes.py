@@ -1,0 +1,143 @@
+"""What a slot does with each outcome, on every backend (DESIGN sections 2-3)."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+from qcluster import App, Client, Job
+from qcluster.broker import open_broker
+from slot.runtime import SlotRunner
+from tests.conftest import wait_until
+
+
+def run_until(runner: SlotRunner, predicate, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runner.step()
+        if predicate():
+            return
+    raise AssertionError("slot did not reach the expected state in time")
+
+
+def make_runner(app: App, queue: str, url: str) -> SlotRunner:
+    return SlotRunner(app, queue, open_broker(url))
+
+
+def test_handler_that_raises_is_retried_with_backoff_then_dead_lettered(
+    broker_url: str, queue_name: str
+) -> None:
+    app = App()
+    calls: list[tuple[int, float]] = []
+
+    @app.queue(queue_name, max_attempts=3, retry_base_delay=0.2, retry_max_delay=1.0)
+    def explode(jobs: list[Job]) -> None:
+        calls.append((jobs[0].attempts, time.monotonic()))
+        raise ValueError("database said no")
+
+    client = Client(broker_url)
+    client.enqueue(queue_name, {"n": 1})
+    runner = make_runner(app, queue_name, broker_url)
+    run_until(runner, lambda: client.stats(queue_name)["dead"] == 1)
+
+    assert [attempt for attempt, _ in calls] == [1, 2, 3]
+    gaps = [b - a for (_, a), (_, b) in zip(calls, calls[1:], strict=False)]
+    assert gaps[0] >= 0.09 and gaps[1] >= gaps[0] * 0.9, f"backoff gaps {gaps}"
+    (dead,) = client.dead_jobs(queue_name)
+    assert "ValueError: database said no" in dead.reason
+    assert "3 attempts" in dead.reason
+    assert client.stats(queue_name) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 1}
+    client.purge(queue_name)
+
+
+def test_per_job_outcomes_retry_fail_and_done(broker_url: str, queue_name: str) -> None:
+    app = App()
+    seen: list[str] = []
+
+    @app.queue(queue_name, batch_size=10)
+    def handle(jobs: list[Job]) -> None:
+        for job in jobs:
+            seen.append(f"{job.payload}:{job.attempts}")
+            if job.payload == "fail":
+                job.fail("not today")
+            elif job.payload == "retry" and job.attempts == 1:
+                job.retry(0.2)
+
+    client = Client(broker_url)
+    client.enqueue_many(queue_name, ["ok", "retry", "fail"])
+    runner = make_runner(app, queue_name, broker_url)
+    run_until(runner, lambda: "retry:2" in seen)
+    wait_until(lambda: client.stats(queue_name)["locked"] == 0, timeout_s=5, message="settled")
+    assert sorted(seen) == ["fail:1", "ok:1", "retry:1", "retry:2"]
+    assert client.stats(queue_name) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 1}
+    assert client.dead_jobs(queue_name)[0].reason == "not today"
+
+
+def test_on_error_lock_leaves_jobs_locked_until_the_lock_expires(
+    redis_url: str, queue_name: str
+) -> None:
+    app = App()
+
+    @app.queue(queue_name, on_error="lock", lock_timeout=1.0, batch_timeout=0.5)
+    def explode(jobs: list[Job]) -> None:
+        raise RuntimeError("leave it")
+
+    client = Client(redis_url)
+    client.enqueue(queue_name, {"n": 1})
+    runner = make_runner(app, queue_name, redis_url)
+    runner.step()
+    assert client.stats(queue_name)["locked"] == 1
+    wait_until(lambda: client.stats(queue_name)["ready"] == 1, timeout_s=3, message="lock expiry")
+    client.purge(queue_name)
+
+
+def test_malformed_and_pickle_messages_are_dead_lettered_never_unpickled(
+    broker_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    # A pickle that would create a file if anything ever unpickled it.
+    marker = tmp_path / "unpickled"
+
+    class Exploit:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            import os
+
+            return (os.system, (f"touch {marker}",))
+
+    app = App()
+    handled: list[object] = []
+
+    @app.queue(queue_name, batch_size=10, max_message_bytes=1024)
+    def handle(jobs: list[Job]) -> None:
+        handled.extend(job.payload for job in jobs)
+
+    broker = open_broker(broker_url)
+    broker.publish(queue_name, "pickle", pickle.dumps(Exploit()))
+    broker.publish(queue_name, "garbage", b"{not json")
+    broker.publish(queue_name, "wrong-shape", b'{"hello": "world"}')
+    broker.publish(queue_name, "huge", b'{"pad": "' + b"x" * 2048 + b'"}')
+    client = Client(broker_url)
+    client.enqueue(queue_name, "fine")
+    runner = make_runner(app, queue_name, broker_url)
+    run_until(runner, lambda: client.stats(queue_name)["dead"] == 4)
+
+    assert handled == ["fine"], "the slot went on with the valid job"
+    assert not marker.exists(), "a pickle was deserialized"
+    reasons = {d.id: d.reason for d in client.dead_jobs(queue_name)}
+    assert set(reasons) == {"pickle", "garbage", "wrong-shape", "huge"}
+    assert reasons["huge"].startswith("oversized")
+    assert all(r.startswith(("malformed", "oversized")) for r in reasons.values())
+    client.purge(queue_name)
+
+
+def test_client_refuses_oversized_and_non_json_payloads(redis_url: str, queue_name: str) -> None:
+    from qcluster.errors import EnvelopeError
+
+    client = Client(redis_url, max_message_bytes=200)
+    with pytest.raises(EnvelopeError, match="over the 200-byte limit"):
+        client.enqueue(queue_name, "x" * 500)
+    with pytest.raises(EnvelopeError, match="not JSON"):
+        client.enqueue(queue_name, {"when": object()})
+    assert client.stats(queue_name)["ready"] == 0
