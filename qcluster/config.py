@@ -85,8 +85,8 @@ class Settings(BaseSettings):
     """prometheus_client multiprocess directory; default: /dev/shm when usable."""
     queues: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """``[queues.NAME]``: QueuePolicy overrides, keyed by QueuePolicy field names."""
-    master: MasterSettings = Field(default_factory=MasterSettings)
-    manager: ManagerSettings = Field(default_factory=ManagerSettings)
+    master: MasterSettings = Field(default_factory=lambda: MasterSettings.model_validate({}))
+    manager: ManagerSettings = Field(default_factory=lambda: ManagerSettings.model_validate({}))
 
     @field_validator("queues")
     @classmethod

@@ -35,7 +35,7 @@ class AppImportError(QClusterError):
     """The application module named by --app could not be imported."""
 
 
-class HaltProcess(BaseException):  # noqa: N818 - control flow, not an error
+class HaltProcess(BaseException):
     """This process must exit with ``code``.
 
     A BaseException so that ``except Exception`` in handler code cannot swallow it.

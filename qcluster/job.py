@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qcluster.errors import EnvelopeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 JSON_CONTENT_TYPE = "application/json"
 

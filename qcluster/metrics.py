@@ -63,7 +63,7 @@ def mark_slot_dead(slot_no: int) -> None:
         return
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(f"slot{slot_no}")  # type: ignore[arg-type]
+    multiprocess.mark_process_dead(f"slot{slot_no}")
 
 
 @cache

@@ -11,6 +11,7 @@ shuts it down.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -114,8 +115,6 @@ def stop_embedded(state_dir: Path) -> bool:
     if not _answers(sock):
         return False
     client = redis.Redis(unix_socket_path=str(sock))
-    try:
+    with contextlib.suppress(redis.ConnectionError):  # the server closes it as it exits
         client.shutdown(save=True)
-    except redis.ConnectionError:
-        pass  # the server closes the connection as it exits
     return True

@@ -158,12 +158,15 @@ class RedisBroker(Broker):
 
     def queues(self) -> list[str]:
         with self._errors():
-            return sorted(name.decode() for name in self.client.smembers(QUEUES_KEY))
+            names: set[bytes] = self.client.smembers(QUEUES_KEY)  # type: ignore[assignment]
+            return sorted(name.decode() for name in names)
 
     def dead_jobs(self, queue: str, *, limit: int = 100) -> list[DeadJob]:
         k = _keys(queue)
         with self._errors():
-            entries = self.client.zrevrange(k["dead"], 0, limit - 1, withscores=True)
+            entries: list[tuple[bytes, float]] = self.client.zrevrange(  # type: ignore[assignment]
+                k["dead"], 0, limit - 1, withscores=True
+            )
             if not entries:
                 return []
             ids = [job_id for job_id, _ in entries]
