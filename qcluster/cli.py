@@ -254,7 +254,10 @@ _ROLE_COMMANDS = {
 def _register_roles() -> None:
     for name, target in _ROLE_COMMANDS.items():
         module_name, _, attr = target.partition(":")
-        if importlib.util.find_spec(module_name) is None:
+        try:
+            if importlib.util.find_spec(module_name) is None:
+                continue
+        except ModuleNotFoundError:  # the role's package itself is not there (yet)
             continue
         command: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
         cli.command(name)(command)

@@ -14,7 +14,7 @@ LOG_DIR = os.environ.get("QC_TEST_LOG_DIR", "/tmp")
 app = App("slot-tests")
 
 
-@app.queue(QUEUE, batch_size=20, lock_timeout=2.0, batch_timeout=1.0, max_attempts=50)
+@app.queue(QUEUE, batch_size=50, lock_timeout=2.0, batch_timeout=1.0, max_attempts=50)
 def record(jobs: list[Job]) -> None:
     """Record every execution (one O_APPEND write per batch), ~1 ms per job."""
     time.sleep(0.001 * len(jobs))
