@@ -20,7 +20,7 @@ from typing import Any
 
 from qcluster import exitcodes, metrics
 from qcluster.app import App, QueueSpec
-from qcluster.broker import Broker, open_broker
+from qcluster.broker import Broker, Settlement, open_broker
 from qcluster.channel import Channel
 from qcluster.errors import BrokerError, EnvelopeError
 from qcluster.job import JSON_CONTENT_TYPE, Delivery, Job, decode_envelope
@@ -45,6 +45,12 @@ IDLE_WAIT_S = 0.5
 HEARTBEAT_INTERVAL_S = 1.0
 #: Seconds between reads of our own /proc/self/smaps_rollup (about 50 us each).
 MEMORY_CHECK_INTERVAL_S = 1.0
+#: Small batches of fast handlers: jobs fetched per take (run batch_size at a time).
+PREFETCH_JOBS = 32
+#: A batch faster than this allows prefetching the next ones.
+PREFETCH_FAST_BATCH_S = 0.005
+#: Stop running prefetched batches after this long; the rest goes back to the queue.
+PREFETCH_MAX_S = 0.5
 #: Pause after a broker error before trying again (the client retries inside too).
 BROKER_ERROR_PAUSE_S = 1.0
 
@@ -72,6 +78,7 @@ class SlotRunner:
         self.rand = random.Random()
         self.metrics = _SlotMetrics(self.slot_label) if metrics.multiprocess_enabled() else None
         self._last_sent = 0.0
+        self._fast_batches = False
         self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL_S
 
     # --- lifecycle -----------------------------------------------------------
@@ -110,36 +117,78 @@ class SlotRunner:
                 return exitcodes.RECYCLE
 
     def step(self) -> bool:
-        """Take and process one batch; False when nothing was ready."""
+        """Take and process one batch (or a few small ones); False when nothing was ready.
+
+        With small batches and fast handlers one take fetches several batches (up to
+        PREFETCH_JOBS jobs) and runs them batch_size at a time, and all outcomes are
+        settled in one round trip: the broker is paid per take, not per job.
+        """
         policy = self.spec.policy
         deliveries = self.broker.take(
-            self.queue, max_jobs=policy.batch_size, lock_timeout_s=policy.lock_timeout,
+            self.queue, max_jobs=self._take_size(), lock_timeout_s=policy.lock_timeout,
             wait_s=0.0 if self.burst else IDLE_WAIT_S,
         )
         if not deliveries:
             self._heartbeat(idle=True)
             return False
-        self._send(BatchStarted(
-            queue=self.queue, size=len(deliveries),
-            deadline_mono=time.monotonic() + policy.batch_timeout,
-        ))
-        counters = self.process(deliveries)
-        self._send(BatchDone(queue=self.queue, counters=counters))
+        taken = time.monotonic()
+        settlement = Settlement()
+        size = policy.batch_size
+        for start in range(0, len(deliveries), size):
+            if start and not self._may_run_more(taken):
+                # Hand the rest back untouched rather than run it near its lock expiry.
+                settlement.postpone.extend((d, 0.0) for d in deliveries[start:])
+                break
+            chunk = deliveries[start : start + size]
+            self._send(BatchStarted(
+                queue=self.queue, size=len(chunk),
+                deadline_mono=time.monotonic() + policy.batch_timeout,
+            ))
+            part, counters = self._run_batch(chunk)
+            settlement.ack += part.ack
+            settlement.postpone += part.postpone
+            settlement.dead += part.dead
+            self._send(BatchDone(queue=self.queue, counters=counters))
+        self.broker.settle(self.queue, settlement)
         return True
+
+    def _take_size(self) -> int:
+        size = self.spec.policy.batch_size
+        if size >= PREFETCH_JOBS or not self._fast_batches:
+            return size
+        return size * (PREFETCH_JOBS // size)
+
+    def _may_run_more(self, taken: float) -> bool:
+        """Another prefetched batch may start: its whole batch_timeout fits in the lock."""
+        policy = self.spec.policy
+        elapsed = time.monotonic() - taken
+        return (
+            not self.should_stop
+            and elapsed < PREFETCH_MAX_S
+            and elapsed + policy.batch_timeout < policy.lock_timeout
+        )
 
     # --- one batch -----------------------------------------------------------
 
     def process(self, deliveries: Sequence[Delivery]) -> BatchCounters:
+        """Run one batch and settle it."""
+        settlement, counters = self._run_batch(deliveries)
+        self.broker.settle(self.queue, settlement)
+        return counters
+
+    def _run_batch(self, deliveries: Sequence[Delivery]) -> tuple[Settlement, BatchCounters]:
         jobs, rejected, malformed = self._decode(deliveries)
         busy_s = self._run_handler(jobs) if jobs else 0.0
+        # Prefetch only for handlers that finish fast: slow jobs are better spread
+        # over every slot of the queue than queued behind each other in one.
+        self._fast_batches = busy_s < PREFETCH_FAST_BATCH_S
         settlement, counters = settle_batch(
             jobs, self.spec.policy, rand=self.rand.random, rejected=rejected,
             malformed=malformed, busy_s=busy_s,
         )
-        self.broker.settle(self.queue, settlement)
         if self.metrics:
             self.metrics.observe(self.queue, jobs, counters)
-        return counters
+        return settlement, counters
 
     def _decode(
         self, deliveries: Sequence[Delivery]

@@ -145,3 +145,27 @@ def test_client_refuses_oversized_and_non_json_payloads(redis_url: str, queue_na
     with pytest.raises(EnvelopeError, match="not JSON"):
         client.enqueue(queue_name, {"when": object()})
     assert client.stats(queue_name)["ready"] == 0
+
+
+def test_small_batches_of_a_fast_handler_are_prefetched_but_run_batch_size_at_a_time(
+    broker_url: str, queue_name: str
+) -> None:
+    app = App()
+    batches: list[list[int]] = []
+
+    @app.queue(queue_name, batch_size=2)
+    def handle(jobs: list[Job]) -> None:
+        batches.append([job.payload for job in jobs])
+
+    client = Client(broker_url)
+    client.enqueue_many(queue_name, list(range(40)))
+    runner = make_runner(app, queue_name, broker_url)
+    takes = 0
+    deadline = time.monotonic() + 20
+    while sum(map(len, batches)) < 40 and time.monotonic() < deadline:
+        takes += runner.step()
+    assert sorted(n for batch in batches for n in batch) == list(range(40))
+    assert all(len(batch) <= 2 for batch in batches), "a handler got more than batch_size"
+    assert takes < 20, f"{takes} takes for 40 jobs: several batches must come per take"
+    wait_until(lambda: client.stats(queue_name)["locked"] == 0, timeout_s=5, message="settled")
+    assert client.stats(queue_name) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 0}
