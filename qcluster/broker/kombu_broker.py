@@ -15,9 +15,10 @@ How the queue-server contract maps onto AMQP (README, "Backend semantics"):
 - Delays use kombu's native delayed delivery (the TTL + dead-letter ladder of 28 binary
   levels), one ladder per queue (prefix ``qc.NAME``) so that ``stats`` can count the
   queue's delayed jobs. Delays are whole seconds, rounded up.
-- Attempts: a header records the takes before a republish (postpone); a take adds one,
-  plus one when the broker flags the message as redelivered (``x-delivery-count`` when
-  the queue reports it).
+- Attempts: a header records the takes before this copy of the message; a take adds
+  one. A message the broker redelivers (its consumer died) is republished with the
+  header incremented and the original acked, so crashes count too (quorum queues'
+  ``x-delivery-count`` is used instead when present).
 - ``stats``: ready and delayed come from the broker (``queue_declare(passive=True)``);
   AMQP cannot report other consumers' unacked messages, so ``locked`` counts only what
   this process holds.
@@ -349,33 +350,57 @@ class KombuBroker(Broker):
 
     def _take(self, queue: str, max_jobs: int, wait_s: float) -> list[Delivery]:
         state = self._consumer(queue, max_jobs)
-        if not state.buffer:
-            if wait_s <= 0 and self._count(queue) > 0:
-                wait_s = 2.0  # ready jobs are on their way: --burst must not stop early
-            deadline = time.monotonic() + max(wait_s, BATCH_FILL_S)
+        if not state.buffer and wait_s <= 0 and self._count(queue) > 0:
+            wait_s = 2.0  # ready jobs are on their way: --burst must not stop early
+        deadline = time.monotonic() + max(wait_s, BATCH_FILL_S)
+        while True:
             while not state.buffer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
                 self._drain(min(remaining, MAX_BLOCK_S))
-        # The broker streams the batch in: collect what arrives right behind the first.
-        while len(state.buffer) < max_jobs and self._drain(BATCH_FILL_S):
-            pass
-        now = time.time()
-        out: list[Delivery] = []
-        while state.buffer and len(out) < max_jobs:
-            message = state.buffer.popleft()
-            state.held[message.delivery_tag] = message
-            out.append(self._delivery(message, now))
-        return out
+            # The broker streams the batch in: collect what arrives right behind the first.
+            while len(state.buffer) < max_jobs and self._drain(BATCH_FILL_S):
+                pass
+            now = time.time()
+            out: list[Delivery] = []
+            redelivered: list[Any] = []
+            while state.buffer and len(out) < max_jobs:
+                message = state.buffer.popleft()
+                if _uncounted_redelivery(message):
+                    redelivered.append(message)
+                    continue
+                state.held[message.delivery_tag] = message
+                out.append(self._delivery(message, now))
+            if redelivered:
+                self._count_redeliveries(queue, state, redelivered)
+            if out:
+                return out
+
+    def _count_redeliveries(self, queue: str, state: _Consumer, messages: list[Any]) -> None:
+        """Republish redelivered messages with their take recorded, then ack them.
+
+        Classic queues only flag a redelivery; without this a job whose slot dies every
+        time (a poison job) would count 2 attempts forever and never reach max_attempts.
+        Confirmed before the ack: a crash in between duplicates, never loses.
+        """
+        items = []
+        for message in messages:
+            headers = message.headers or {}
+            items.append((
+                str(message.properties.get("message_id") or ""), _body(message),
+                {ATTEMPTS_HEADER: int(headers.get(ATTEMPTS_HEADER, 0)) + 1,
+                 ACTIVATE_HEADER: headers.get(ACTIVATE_HEADER, time.time())},
+            ))
+        self._send(queue, items, 0.0)
+        for message in messages:
+            state.channel.basic_ack(message.delivery_tag)
 
     def _delivery(self, message: Any, now: float) -> Delivery:
         headers = message.headers or {}
         attempts = int(headers.get(ATTEMPTS_HEADER, 0)) + 1
         if "x-delivery-count" in headers:  # quorum queues count redeliveries themselves
             attempts += int(headers["x-delivery-count"])
-        elif message.delivery_info.get("redelivered"):
-            attempts += 1
         tag = message.delivery_tag
         return Delivery(
             id=str(message.properties.get("message_id") or f"amqp-{tag}"),
@@ -557,6 +582,12 @@ class KombuBroker(Broker):
         except Exception:  # closing a broken connection: nothing left to release
             logger.debug("closing the RabbitMQ connection failed", exc_info=True)
         self._reset()
+
+
+def _uncounted_redelivery(message: Any) -> bool:
+    """Redelivered after a consumer died, on a queue that does not count deliveries."""
+    headers = message.headers or {}
+    return bool(message.delivery_info.get("redelivered")) and "x-delivery-count" not in headers
 
 
 def _body(message: Any) -> bytes:

@@ -83,6 +83,20 @@ def test_jobs_of_a_consumer_that_went_away_come_back(
     assert all(d.attempts == 2 for d in again)
 
 
+def test_every_consumer_death_counts_as_an_attempt(
+    broker_url: str, broker: Broker, queue_name: str
+) -> None:
+    # A job that kills its slot every time must reach max_attempts, not loop forever.
+    (job_id,) = publish(broker, queue_name, 1)
+    for expected in (1, 2):
+        crashed = open_broker(broker_url)
+        (delivery,) = take_all(crashed, queue_name, 1, lock_s=0.5)
+        assert (delivery.id, delivery.attempts) == (job_id, expected)
+        crashed.close()
+    (again,) = take_all(broker, queue_name, 1, timeout_s=10)
+    assert (again.id, again.attempts) == (job_id, 3)
+
+
 def test_delayed_job_is_not_taken_before_its_activation_time(
     broker: Broker, queue_name: str
 ) -> None:
