@@ -1,0 +1,65 @@
+"""What only the RabbitMQ backend has: failover URLs and kombu producers' content types."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from kombu import Connection, Producer
+
+from qcluster import App, Client, Job
+from qcluster.broker import open_broker
+from qcluster.broker.kombu_broker import KombuBroker, queue_exchange
+from slot.runtime import SlotRunner
+from tests.conftest import free_port
+
+
+def test_failover_skips_an_unreachable_url(rabbitmq_url: str, queue_name: str) -> None:
+    dead = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
+    broker = open_broker(f"{dead};{rabbitmq_url}")
+    assert isinstance(broker, KombuBroker)
+    try:
+        broker.publish(queue_name, "one", b'{"n": 1}')
+        (delivery,) = broker.take(queue_name, max_jobs=1, lock_timeout_s=5, wait_s=5)
+        assert delivery.id == "one"
+        broker.ack(queue_name, [delivery])
+        assert broker.stats(queue_name).model_dump() == {
+            "ready": 0, "locked": 0, "delayed": 0, "dead": 0
+        }
+    finally:
+        broker.close()
+
+
+def test_a_pickled_message_from_a_kombu_producer_is_dead_lettered_not_loaded(
+    rabbitmq_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "unpickled"
+
+    class Exploit:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            import os
+
+            return (os.system, (f"touch {marker}",))
+
+    app = App()
+    handled: list[object] = []
+
+    @app.queue(queue_name, batch_size=5)
+    def handle(jobs: list[Job]) -> None:
+        handled.extend(job.payload for job in jobs)
+
+    client = Client(rabbitmq_url)
+    client.enqueue(queue_name, "fine")  # declares the queue and its exchange
+    with Connection(rabbitmq_url) as conn:
+        producer = Producer(conn.channel(), exchange=queue_exchange(queue_name))
+        producer.publish(Exploit(), routing_key=queue_name, serializer="pickle")
+    runner = SlotRunner(app, queue_name, open_broker(rabbitmq_url))
+    deadline = time.monotonic() + 15
+    while client.stats(queue_name)["dead"] < 1 and time.monotonic() < deadline:
+        runner.step()
+    runner.broker.close()
+    assert handled == ["fine"]
+    assert not marker.exists(), "a pickle was deserialized"
+    (dead,) = client.dead_jobs(queue_name)
+    assert "content type" in dead.reason and "python-serialize" in dead.reason
+    client.close()
