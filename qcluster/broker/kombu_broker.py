@@ -425,10 +425,15 @@ class KombuBroker(Broker):
             generation, tag = delivery.receipt
             return state is not None and generation == self._generation and tag in state.held
 
+        by_delay: dict[float, list[tuple[str, bytes, dict[str, Any]]]] = {}
         for delivery, delay_s in settlement.postpone:
             if live(delivery):
-                headers = {ATTEMPTS_HEADER: delivery.attempts}
-                self._send(queue, [(delivery.id, delivery.body, headers)], delay_s)
+                # Same whole-second delay, same ladder route: one confirmed publish round.
+                by_delay.setdefault(math.ceil(delay_s), []).append(
+                    (delivery.id, delivery.body, {ATTEMPTS_HEADER: delivery.attempts})
+                )
+        for delay_s, items in by_delay.items():
+            self._send(queue, items, delay_s)
         dead = [
             (d.id, d.body, {ATTEMPTS_HEADER: d.attempts, REASON_HEADER: reason[:4000],
                             DEAD_AT_HEADER: time.time()})
