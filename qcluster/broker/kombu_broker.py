@@ -563,6 +563,9 @@ class KombuBroker(Broker):
         """Remove the queue, its dead-letter queue and its delay ladder (tests; loses jobs)."""
 
         def delete() -> None:
+            state = self._consumers.pop(queue, None)
+            if state is not None:
+                state.channel.close()  # our own consumer first: no Basic.cancel from the broker
             channel = self._inspector()
             prefix = ladder_prefix(queue)
             for name in (queue, dead_queue_name(queue)):
@@ -572,7 +575,6 @@ class KombuBroker(Broker):
                 channel.exchange_delete(ndd.level_name(level, prefix))
             channel.exchange_delete(f"{prefix}_{ndd.CELERY_DELAYED_DELIVERY_EXCHANGE}")
             channel.exchange_delete(queue_exchange(queue).name)
-            self._consumers.pop(queue, None)
             self._declared.discard(queue)
             self._laddered.discard(queue)
 

@@ -1,10 +1,13 @@
-"""What only the RabbitMQ backend has: failover URLs and kombu producers' content types."""
+"""What only the RabbitMQ backend has: failover URLs, reconnects, kombu producers' content types."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from kombu import Connection, Producer
 
 from qcluster import App, Client, Job
@@ -63,3 +66,33 @@ def test_a_pickled_message_from_a_kombu_producer_is_dead_lettered_not_loaded(
     (dead,) = client.dead_jobs(queue_name)
     assert "content type" in dead.reason and "python-serialize" in dead.reason
     client.close()
+
+
+@pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl")
+def test_a_dropped_connection_is_reopened_and_its_jobs_come_back(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    broker = open_broker(rabbitmq_url)
+    assert isinstance(broker, KombuBroker)
+    try:
+        broker.publish(queue_name, "j1", b"{}")
+        (held,) = broker.take(queue_name, max_jobs=1, lock_timeout_s=5, wait_s=5)
+        # The broker drops exactly this connection (as on a RabbitMQ node restart).
+        port = broker.conn.connection.sock.getsockname()[1]
+        listing = subprocess.run(
+            ["rabbitmqctl", "-q", "list_connections", "pid", "peer_port"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+        (pid,) = [line.split()[0] for line in listing.splitlines()
+                  if line.split() and line.split()[-1] == str(port)]
+        subprocess.run(["rabbitmqctl", "-q", "close_connection", pid, "test"], check=True)
+
+        broker.ack(queue_name, [held])  # stale delivery: ignored, the job comes back
+        again = broker.take(queue_name, max_jobs=1, lock_timeout_s=5, wait_s=10)
+        assert [(d.id, d.attempts) for d in again] == [("j1", 2)]
+        broker.ack(queue_name, again)
+        assert broker.stats(queue_name).model_dump() == {
+            "ready": 0, "locked": 0, "delayed": 0, "dead": 0
+        }
+    finally:
+        broker.close()
