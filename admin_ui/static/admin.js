@@ -1,0 +1,41 @@
+// Refresh the page's live region in place every few seconds: the same URL is fetched
+// (so the server-side sort is kept) and only <main> is swapped (so scrolling is kept).
+// Everything else on the page works without this script.
+(function () {
+  "use strict";
+  var seconds = Number(document.body.dataset.refreshSeconds || 0);
+  var status = document.getElementById("refresh-status");
+  if (!seconds) { return; }
+
+  function typing() {
+    // Never wipe what an operator is typing (the token field of the requeue form).
+    var inputs = document.querySelectorAll("#live input");
+    for (var i = 0; i < inputs.length; i++) {
+      if (inputs[i].value || inputs[i] === document.activeElement) { return true; }
+    }
+    return false;
+  }
+
+  function refresh() {
+    if (document.hidden || typing()) { return; }
+    fetch(window.location.href, { headers: { "X-Requested-With": "refresh" } })
+      .then(function (response) {
+        if (!response.ok) { throw new Error("HTTP " + response.status); }
+        return response.text();
+      })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("live");
+        var live = document.getElementById("live");
+        if (fresh && live) { live.innerHTML = fresh.innerHTML; }
+        if (status) {
+          status.textContent = "updated " + new Date().toLocaleTimeString();
+          status.classList.remove("stale");
+        }
+      })
+      .catch(function (error) {
+        if (status) { status.textContent = "manager unreachable (" + error.message + ")"; status.classList.add("stale"); }
+      });
+  }
+
+  window.setInterval(refresh, seconds * 1000);
+})();

@@ -1,0 +1,77 @@
+"""The admin pages rendered by FastAPI against a fake cluster source and a real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from admin_ui.charts import Series, line_chart
+from admin_ui.router import install, sort_queues
+from qcluster.broker import open_broker
+from qcluster.client import Client
+from tests.admin_fake import FakeSource, queue_view
+
+
+@pytest.fixture
+def client(redis_url: str, queue_name: str) -> Iterator[tuple[TestClient, FakeSource]]:
+    broker = open_broker(redis_url)
+    source = FakeSource(broker, queue_name)
+    app = FastAPI()
+    install(app, source)
+    try:
+        yield TestClient(app), source
+    finally:
+        broker.purge(queue_name)
+        broker.close()
+
+
+def test_overview_shows_queues_hosts_and_decisions(client: tuple[TestClient, FakeSource]) -> None:
+    http, _ = client
+    page = http.get("/").text
+    assert 'data-queue="mail"' in page and "12,000" in page and "240%" in page
+    assert 'class="queue-row resizing"' in page
+    assert 'data-host="host-a"' in page and "DEAD" in page
+    assert "load 240% &gt; 130%" in page
+
+
+def test_sort_is_a_query_parameter(client: tuple[TestClient, FakeSource]) -> None:
+    http, _ = client
+    page = http.get("/?sort=backlog&dir=asc").text
+    order = [page.index(f'data-queue="{name}"') for name in ("resize", "mail")]
+    assert order == sorted(order)
+
+
+def test_requeue_needs_the_token(
+    client: tuple[TestClient, FakeSource], redis_url: str, queue_name: str
+) -> None:
+    http, source = client
+    with Client(redis_url) as producer:
+        producer.enqueue(queue_name, {"n": 1})
+    deliveries = source.broker.take(queue_name, max_jobs=1, lock_timeout_s=30)
+    source.broker.dead(queue_name, deliveries[0], "boom")
+    assert "boom" in http.get(f"/queues/{queue_name}").text
+    refused = http.post(f"/queues/{queue_name}/requeue", data={"token": "wrong"})
+    assert refused.status_code == 401
+    assert source.broker.stats(queue_name).dead == 1
+    done = http.post(f"/queues/{queue_name}/requeue", data={"token": "s3cret"})
+    assert done.status_code == 200 and "Requeued 1 dead job" in done.text
+    assert source.broker.stats(queue_name).ready == 1
+
+
+def test_unknown_queue_is_404(client: tuple[TestClient, FakeSource]) -> None:
+    http, _ = client
+    assert http.get("/queues/nope").status_code == 404
+
+
+def test_sort_queues_unknown_key_falls_back_to_priority() -> None:
+    queues = [queue_view("a", priority=1), queue_view("b", priority=9)]
+    assert [q.name for q in sort_queues(queues, "bogus", "asc")] == ["b", "a"]
+
+
+def test_chart_is_svg_and_escapes_labels() -> None:
+    svg = line_chart("<t>", [Series("a&b", "#000", [(0.0, 1.0), (60.0, 3.0)])])
+    assert svg.startswith("<svg") and "&lt;t&gt;" in svg and "a&amp;b" in svg
+    assert "no data yet" in line_chart("empty", [Series("x", "#000", [])])
