@@ -1,0 +1,112 @@
+"""``qcluster master``: one per host."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qcluster import metrics
+from qcluster.cli import BrokerOpt, ConfigOpt, settings_for, setup_logging, user_errors
+from qcluster.errors import ConfigError
+
+logger = logging.getLogger("qcluster.master")
+
+
+def parse_slots(text: str) -> dict[str, int]:
+    """``resize=4,mail=2`` -> {"resize": 4, "mail": 2}; a clear error otherwise."""
+    row: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        queue, sep, count = part.partition("=")
+        if not sep or not queue or not count.strip().isdigit():
+            raise ConfigError(f"--slots: expected QUEUE=N[,QUEUE=N...], got {part!r}")
+        row[queue.strip()] = int(count)
+    return row
+
+
+def master(
+    host_auto: Annotated[
+        bool,
+        typer.Option("--host-auto", help="Size the host from memory, load and cgroups (default)"),
+    ] = True,
+    slots: Annotated[
+        str | None,
+        typer.Option("--slots", help="Fixed row without a manager: QUEUE=N,..."),
+    ] = None,
+    manager: Annotated[
+        str | None,
+        typer.Option("--manager", help="Manager URL to report to, e.g. http://127.0.0.1:7300"),
+    ] = None,
+    app: Annotated[
+        str | None,
+        typer.Option("--app", help="Application module (MODULE or MODULE:ATTR)"),
+    ] = None,
+    broker: BrokerOpt = None,
+    host_name: Annotated[
+        str | None,
+        typer.Option("--host-name", help="Name reported to the manager (default: hostname)"),
+    ] = None,
+    listen: Annotated[
+        str,
+        typer.Option("--listen", help="HOST:PORT of /metrics and the JSON API"),
+    ] = "127.0.0.1:7301",
+    config: ConfigOpt = None,
+    metrics_on: Annotated[
+        bool,
+        typer.Option("--metrics/--no-metrics", help="Slot metrics (prometheus multiprocess files)"),
+    ] = True,
+    log_level: Annotated[
+        str,
+        typer.Option("--log-level"),
+    ] = "INFO",
+) -> None:
+    """Run this host's slots: fork them from the pre-imported app, size, watch, recycle."""
+    from master.supervisor import Supervisor
+
+    setup_logging(log_level)
+    with user_errors():
+        settings = settings_for(config, broker_url=broker, app=app, manager_url=manager)
+        if not settings.app:
+            raise ConfigError("no application: pass --app MODULE or set app in qcluster.toml")
+        row = parse_slots(slots) if slots else None
+        name = host_name or socket.gethostname()
+        if metrics_on:
+            directory = settings.metrics_dir or metrics.default_metrics_dir(name)
+            metrics.prepare_multiprocess_dir(Path(directory), wipe=True)
+        from qcluster.app import load_app
+        from slot.runtime import run_slot
+
+        application = load_app(settings.app).with_overrides(settings.queues)
+        if row is not None:
+            for queue in row:
+                application.spec(queue)
+        supervisor = Supervisor(application, settings, host_name=name, fixed_row=row,
+                                run_slot=run_slot)
+        code = _run(supervisor, listen, settings.manager_url if row is None else None)
+    raise typer.Exit(code)
+
+
+def _run(supervisor: object, listen: str, manager_url: str | None) -> int:
+    from master.http import serve
+    from master.reporter import Reporter
+    from master.supervisor import Supervisor
+
+    assert isinstance(supervisor, Supervisor)
+    server = serve(listen, lambda: supervisor.snapshot, supervisor.host_name)
+    supervisor.extra_fds.append(server.socket.fileno())
+    logger.info("master %s: http://%s/metrics, queues %s", supervisor.host_name, listen,
+                ", ".join(sorted(supervisor.app.queues)))
+    if manager_url:
+        Reporter(supervisor, manager_url, supervisor.settings.master.report_interval_s).start()
+    # Everything imported so far is shared copy-on-write by every slot: keep the GC from
+    # touching (and so copying) those objects' pages in the slots.
+    gc.collect()
+    gc.freeze()
+    try:
+        return supervisor.run()
+    finally:
+        server.shutdown()

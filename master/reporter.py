@@ -1,0 +1,97 @@
+"""Reporting to the manager: a HostReport every few seconds, the reply is this host's row.
+
+Fail-static: when the manager cannot be reached the master keeps its last row and keeps
+processing; the outage is logged once, and its end once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import httpx
+import psutil
+
+from master.supervisor import Supervisor
+from qcluster.messages import Assignment, BatchCounters, HostFacts, HostReport, QueueCounters
+
+logger = logging.getLogger(__name__)
+
+
+def build_report(sup: Supervisor, interval_s: float, generation: int) -> HostReport:
+    snap = sup.snapshot
+    sample = snap.sample
+    now = time.time()
+    counters = sup.take_counters()
+    alive: dict[str, float] = {}
+    for info in snap.slots:
+        alive[info.queue] = alive.get(info.queue, 0.0) + min(interval_s, now - info.started_at)
+    queues = set(counters) | set(alive)
+    pss_total = (sample.master_pss_bytes + sum(sample.slot_pss_bytes)) if sample else 0
+    facts = HostFacts(
+        cpus=sample.cpus if sample else float(os.cpu_count() or 1),
+        loadavg=os.getloadavg(),
+        mem_total_bytes=int(psutil.virtual_memory().total),
+        mem_available_bytes=sample.mem_available_bytes if sample else 0,
+        pss_total_bytes=pss_total,
+        avg_slot_pss_bytes=snap.avg_slot_pss_bytes,
+    )
+    return HostReport(
+        host=sup.host_name, sent_at=now, interval_s=interval_s, facts=facts,
+        capacity_slots=snap.capacity_slots,
+        queues={name: spec.policy for name, spec in sup.app.queues.items()},
+        slots=snap.slots,
+        counters={q: QueueCounters(counters=counters.get(q, BatchCounters()),
+                                   alive_s=alive.get(q, 0.0)) for q in queues},
+        generation=generation,
+    )
+
+
+class Reporter:
+    """Runs in a daemon thread next to the supervisor loop."""
+
+    def __init__(self, sup: Supervisor, manager_url: str, interval_s: float) -> None:
+        self.sup = sup
+        self.url = manager_url.rstrip("/") + "/api/v1/reports"
+        self.interval_s = interval_s
+        self.generation = 0
+        self.reachable = True
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="master-reporter", daemon=True).start()
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            while not self.sup.stopping:
+                time.sleep(self.interval_s)
+                self.report_once(client)
+
+    def report_once(self, client: httpx.Client) -> None:
+        report = build_report(self.sup, self.interval_s, self.generation)
+        try:
+            response = client.post(self.url, content=report.model_dump_json(),
+                                   headers={"Content-Type": "application/json"})
+            response.raise_for_status()
+            assignment = Assignment.model_validate_json(response.content)
+        except (httpx.HTTPError, ValueError) as exc:
+            if self.reachable:
+                logger.warning("manager %s unreachable (%s): keeping the last slot row",
+                               self.url, exc)
+            self.reachable = False
+            self._give_back(report)
+            return
+        if not self.reachable:
+            logger.info("manager %s reachable again", self.url)
+        self.reachable = True
+        self.generation = assignment.generation
+        self.interval_s = assignment.report_interval_s
+        self.sup.set_row(assignment.row)
+
+    def _give_back(self, report: HostReport) -> None:
+        """Counters of an undelivered report go into the next one."""
+        with self.sup.lock:
+            for queue, counted in report.counters.items():
+                before = self.sup.pending.get(queue, BatchCounters())
+                self.sup.pending[queue] = before + counted.counters
