@@ -1,0 +1,167 @@
+"""The manager's HTTP API (FastAPI) and its planning loop.
+
+Read-only by default; every mutating endpoint needs the token (``Authorization: Bearer``).
+Bound to loopback, it also refuses requests whose Host header is not a loopback name
+(DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi.responses import JSONResponse, Response
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from manager.state import ClusterState
+from qcluster.broker.base import Broker, DeadJob
+from qcluster.errors import BrokerError
+from qcluster.messages import Assignment, ClusterView, HistoryPoint, HostReport
+
+logger = logging.getLogger(__name__)
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
+
+
+class ManagerService:
+    """The state plus the broker: what the API, the admin UI and the loop work on.
+
+    Implements admin_ui.source.ClusterSource.
+    """
+
+    def __init__(self, state: ClusterState, broker: Broker, token: str | None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.state = state
+        self.broker = broker
+        self.token = token
+        self.clock = clock
+        self.broker_lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    # ClusterSource
+    def cluster_view(self) -> ClusterView:
+        return self.state.view(self.clock())
+
+    def queue_history(self, queue: str) -> list[HistoryPoint]:
+        return self.state.history(queue)
+
+    def dead_jobs(self, queue: str, limit: int = 50) -> list[DeadJob]:
+        with self.broker_lock:
+            return self.broker.dead_jobs(queue, limit=limit)
+
+    def requeue_dead(self, queue: str) -> int:
+        with self.broker_lock:
+            return self.broker.requeue_dead(queue)
+
+    def check_token(self, token: str | None) -> bool:
+        return bool(self.token) and token is not None and secrets.compare_digest(
+            token.encode(), (self.token or "").encode())
+
+    # the planning loop
+    def refresh_stats(self) -> None:
+        queues = list(self.state.policies())
+        stats = {}
+        with self.broker_lock:
+            for queue in queues:
+                try:
+                    stats[queue] = self.broker.stats(queue)
+                except BrokerError as exc:
+                    logger.warning("broker stats for %s failed: %s", queue, exc)
+        self.state.set_stats(stats)
+
+    def round(self) -> None:
+        started = time.perf_counter()
+        self.refresh_stats()
+        for decision in self.state.plan_round(self.clock()):
+            logger.info("decision: %s", decision.reason)
+        self.last_round_s = time.perf_counter() - started
+
+    def loop(self) -> None:
+        interval = self.state.cfg.interval_s
+        while not self.stopped.wait(interval):
+            try:
+                self.round()
+            except Exception:  # the loop must outlive one bad round
+                logger.exception("planning round failed")
+
+    def start(self) -> None:
+        threading.Thread(target=self.loop, name="manager-planner", daemon=True).start()
+
+
+def create_app(service: ManagerService, *, loopback: bool = True) -> FastAPI:
+    app = FastAPI(
+        title="qcluster manager",
+        description="Plans slots per queue from backlog and throughput, places them on hosts "
+                    "and explains every decision. Mutating endpoints need the token.",
+        version="0.1.0",
+    )
+    if loopback:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)
+
+    def authorised(authorization: Annotated[str | None, Header()] = None) -> None:
+        token = (authorization or "").removeprefix("Bearer ").strip() or None
+        if not service.check_token(token):
+            raise HTTPException(401, "a valid token is required (Authorization: Bearer ...)",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    guarded = [Depends(authorised)]
+
+    @app.post("/api/v1/reports", tags=["masters"])
+    def report(body: HostReport) -> Assignment:
+        """A master's report; the reply is its row of the slot map."""
+        return service.state.receive(body, service.clock())
+
+    @app.get("/api/v1/cluster", tags=["cluster"])
+    def cluster() -> JSONResponse:
+        """Queues, hosts, slot map and decisions (newest first)."""
+        return JSONResponse(service.cluster_view().model_dump(by_alias=True, mode="json"))
+
+    @app.get("/api/v1/queues/{queue}/history", tags=["cluster"])
+    def history(queue: str) -> list[HistoryPoint]:
+        return service.queue_history(queue)
+
+    @app.post("/api/v1/queues/{queue}/pause", tags=["control"], dependencies=guarded)
+    def pause(queue: str) -> dict[str, Any]:
+        """Plan no slot for the queue until it is resumed."""
+        with service.state.lock:
+            service.state.paused.add(queue)
+        return {"queue": queue, "paused": True}
+
+    @app.post("/api/v1/queues/{queue}/resume", tags=["control"], dependencies=guarded)
+    def resume(queue: str) -> dict[str, Any]:
+        with service.state.lock:
+            service.state.paused.discard(queue)
+        return {"queue": queue, "paused": False}
+
+    @app.post("/api/v1/queues/{queue}/requeue-dead", tags=["control"], dependencies=guarded)
+    def requeue_dead(queue: str) -> dict[str, Any]:
+        return {"queue": queue, "requeued": service.requeue_dead(queue)}
+
+    @app.post("/api/v1/hosts/{host}/drain", tags=["control"], dependencies=guarded)
+    def drain(host: str) -> dict[str, Any]:
+        """Plan no slot on the host (its slots move to the others) until the manager restarts."""
+        with service.state.lock:
+            service.state.drained.add(host)
+        return {"host": host, "drained": True}
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", tags=["health"])
+    def metrics() -> Response:
+        from manager.metrics import render
+
+        body, content_type = render(service)
+        return Response(body, media_type=content_type)
+
+    if importlib.util.find_spec("admin_ui.router") is not None:
+        from admin_ui.router import install
+
+        install(app, service)
+    return app

@@ -1,0 +1,61 @@
+"""``qcluster manager``: one per cluster."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from qcluster.cli import (
+    BrokerOpt,
+    ConfigOpt,
+    open_configured_broker,
+    settings_for,
+    setup_logging,
+    user_errors,
+)
+
+logger = logging.getLogger("qcluster.manager")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def manager(
+    config: ConfigOpt = None,
+    broker: BrokerOpt = None,
+    listen: Annotated[
+        str | None, typer.Option("--listen", help="HOST:PORT (default 127.0.0.1:7300)")
+    ] = None,
+    interval: Annotated[
+        float | None, typer.Option("--interval", help="Seconds between planning rounds")
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+) -> None:
+    """Plan slots per queue and host from backlog and throughput; serve the API and admin UI."""
+    import uvicorn
+
+    from manager.api import ManagerService, create_app
+    from manager.state import ClusterState
+
+    setup_logging(log_level)
+    settings = settings_for(config, broker_url=broker)
+    with user_errors():
+        overrides: dict[str, object] = {}
+        if listen:
+            overrides["listen"] = listen
+        if interval:
+            overrides["interval_s"] = interval
+        settings = settings.model_copy(
+            update={"manager": settings.manager.model_copy(update=overrides)})
+        broker_conn = open_configured_broker(settings)
+        host, _, port = settings.manager.listen.rpartition(":")
+        service = ManagerService(ClusterState(settings), broker_conn, settings.token)
+        app = create_app(service, loopback=host in LOOPBACK)
+    service.start()
+    logger.info("manager on http://%s/ (admin UI), broker %s", settings.manager.listen,
+                broker_conn.safe_url)
+    try:
+        uvicorn.run(app, host=host or "127.0.0.1", port=int(port), log_level="warning")
+    finally:
+        service.stopped.set()
+        broker_conn.close()

@@ -1,0 +1,253 @@
+"""The manager's memory: latest report per host, a window of counters, broker stats,
+the slot map, the decision log and each queue's last hour. Nothing is persisted: a
+restarted manager rebuilds the current map from the next reports.
+
+Time is passed in (``now`` = wall-clock seconds), so rounds can be replayed in tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from manager.placement import place
+from manager.planning import QueueInput, QueuePlan, QueueWindow, band_for, plan
+from qcluster.broker.base import QueueStats
+from qcluster.config import Settings
+from qcluster.messages import (
+    Assignment,
+    ClusterView,
+    DecisionView,
+    HistoryPoint,
+    HostReport,
+    HostView,
+    QueueView,
+)
+from qcluster.policy import QueuePolicy
+
+HISTORY_S = 3600.0
+
+
+@dataclass
+class HostEntry:
+    report: HostReport
+    received_at: float
+
+
+@dataclass
+class Sample:
+    """One report's counters for one queue, kept for the window."""
+
+    at: float
+    processed: int
+    busy_s: float
+    alive_s: float
+
+
+@dataclass
+class QueueTrack:
+    samples: deque[Sample] = field(default_factory=deque)
+    history: deque[HistoryPoint] = field(default_factory=deque)
+    backlog_seen: deque[tuple[float, int]] = field(default_factory=deque)
+
+
+class ClusterState:
+    """Thread-safe: the HTTP handlers and the planning loop share one instance."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.cfg = settings.manager
+        self.lock = threading.RLock()
+        self.hosts: dict[str, HostEntry] = {}
+        self.tracks: dict[str, QueueTrack] = {}
+        self.stats: dict[str, QueueStats] = {}
+        self.plans: dict[str, QueuePlan] = {}
+        self.slot_map: dict[str, dict[str, int]] = {}
+        self.generation = 0
+        self.decisions: deque[DecisionView] = deque(maxlen=self.cfg.decisions_kept)
+        self.paused: set[str] = set()
+        self.drained: set[str] = set()
+        self.planned_once = False
+
+    # --- input -----------------------------------------------------------------
+
+    def receive(self, report: HostReport, now: float) -> Assignment:
+        """Store a master's report; reply with its row of the slot map."""
+        with self.lock:
+            self.hosts[report.host] = HostEntry(report, now)
+            for queue, counted in report.counters.items():
+                track = self.tracks.setdefault(queue, QueueTrack())
+                c = counted.counters
+                track.samples.append(Sample(now, c.processed, c.busy_s, counted.alive_s))
+            for queue in report.queues:
+                self.tracks.setdefault(queue, QueueTrack())
+            row = self.slot_map.get(report.host) if self.planned_once else None
+            if row is None:
+                row = running_row(report)  # not planned yet: keep what the host runs
+            return Assignment(generation=self.generation, row=dict(row),
+                              report_interval_s=self.cfg.interval_s)
+
+    def set_stats(self, stats: dict[str, QueueStats]) -> None:
+        with self.lock:
+            self.stats.update(stats)
+
+    # --- derived -----------------------------------------------------------------
+
+    def alive_hosts(self, now: float) -> dict[str, HostEntry]:
+        expiry = self.cfg.host_expiry_intervals
+        return {
+            name: entry for name, entry in self.hosts.items()
+            if name not in self.drained
+            and now - entry.received_at
+            <= expiry * max(entry.report.interval_s, self.cfg.interval_s)
+        }
+
+    def policies(self) -> dict[str, QueuePolicy]:
+        """Code defaults reported by masters, overridden by [queues.NAME] in qcluster.toml."""
+        merged: dict[str, QueuePolicy] = {}
+        for entry in self.hosts.values():
+            merged.update(entry.report.queues)
+        for name, overrides in self.settings.queues.items():
+            base = merged.get(name) or QueuePolicy.model_validate({})
+            merged[name] = base.merged(overrides)
+        return merged
+
+    def window(self, queue: str, now: float) -> QueueWindow:
+        track = self.tracks.get(queue, QueueTrack())
+        cutoff = now - self.cfg.window_s
+        while track.samples and track.samples[0].at < cutoff:
+            track.samples.popleft()
+        return QueueWindow(
+            processed=sum(s.processed for s in track.samples),
+            busy_s=sum(s.busy_s for s in track.samples),
+            alive_s=sum(s.alive_s for s in track.samples),
+            backlog=self.stats.get(queue, QueueStats()).ready,
+        )
+
+    def running(self, alive: dict[str, HostEntry]) -> dict[str, dict[str, int]]:
+        return {name: running_row(entry.report) for name, entry in alive.items()}
+
+    # --- one planning round ------------------------------------------------------
+
+    def plan_round(self, now: float) -> list[DecisionView]:
+        """Plan, place, log decisions; returns the new decisions."""
+        with self.lock:
+            alive = self.alive_hosts(now)
+            running = self.running(alive)
+            policies = self.policies()
+            inputs = [
+                QueueInput(name, policy, sum(row.get(name, 0) for row in running.values()),
+                           self.window(name, now), paused=name in self.paused)
+                for name, policy in sorted(policies.items())
+            ]
+            capacity = {name: e.report.capacity_slots for name, e in alive.items()}
+            plans = plan(inputs, sum(capacity.values()), self.cfg.target_utilization)
+            new = self._decide(plans, now)
+            base = self.slot_map if self.planned_once else running
+            order = sorted(policies, key=lambda q: (-policies[q].priority, q))
+            slot_map = place(base, {q: p.planned for q, p in plans.items()}, capacity, order)
+            if slot_map != self.slot_map:
+                self.generation += 1
+            self.slot_map, self.plans, self.planned_once = slot_map, plans, True
+            self._record_history(now, running)
+            return new
+
+    def _decide(self, plans: dict[str, QueuePlan], now: float) -> list[DecisionView]:
+        new = []
+        for name, queue_plan in plans.items():
+            before = self.plans[name].planned if name in self.plans else queue_plan.current
+            if queue_plan.planned != before:
+                decision = DecisionView.model_validate({
+                    "at": now, "queue": name, "from": before, "to": queue_plan.planned,
+                    "reason": queue_plan.reason,
+                })
+                self.decisions.appendleft(decision)
+                new.append(decision)
+        return new
+
+    def _record_history(self, now: float, running: dict[str, dict[str, int]]) -> None:
+        for name, queue_plan in self.plans.items():
+            track = self.tracks.setdefault(name, QueueTrack())
+            window = self.window(name, now)
+            track.history.append(HistoryPoint(
+                at=now, backlog=window.backlog, slots_planned=queue_plan.planned,
+                slots_current=sum(row.get(name, 0) for row in running.values()),
+                load=_finite(queue_plan.load), rate_out=self._rate_out(window),
+            ))
+            while track.history and track.history[0].at < now - HISTORY_S:
+                track.history.popleft()
+
+    def _rate_out(self, window: QueueWindow) -> float:
+        return window.processed / self.cfg.window_s
+
+    # --- views -------------------------------------------------------------------
+
+    def view(self, now: float) -> ClusterView:
+        with self.lock:
+            alive = self.alive_hosts(now)
+            running = self.running(alive)
+            policies = self.policies()
+            queues = [self._queue_view(name, policy, running, now)
+                      for name, policy in sorted(policies.items())]
+            hosts = [self._host_view(name, entry, name in alive)
+                     for name, entry in sorted(self.hosts.items())]
+            return ClusterView(generated_at=now, queues=queues, hosts=hosts,
+                               slot_map={h: dict(r) for h, r in self.slot_map.items()},
+                               decisions=list(self.decisions))
+
+    def _queue_view(self, name: str, policy: QueuePolicy,
+                    running: dict[str, dict[str, int]], now: float) -> QueueView:
+        window = self.window(name, now)
+        stats = self.stats.get(name, QueueStats())
+        queue_plan = self.plans.get(name)
+        current = sum(row.get(name, 0) for row in running.values())
+        track = self.tracks.get(name, QueueTrack())
+        recent = [p for p in track.history if p.at >= now - self.cfg.window_s]
+        avg = sum(p.slots_current for p in recent) / len(recent) if recent else float(current)
+        rate_out = self._rate_out(window)
+        first_backlog = recent[0].backlog if recent else stats.ready
+        span = (now - recent[0].at) if len(recent) > 1 else 0.0
+        rate_in = rate_out + ((stats.ready - first_backlog) / span if span > 0 else 0.0)
+        return QueueView(
+            name=name, priority=policy.priority, min_slots=policy.min_slots,
+            max_slots=policy.max_slots, slots_current=current,
+            slots_planned=queue_plan.planned if queue_plan else current, slots_avg=avg,
+            load=_finite(queue_plan.load if queue_plan else 0.0),
+            about_to_resize=queue_plan is not None and queue_plan.needed != current,
+            backlog=stats.ready, locked=stats.locked, delayed=stats.delayed, dead=stats.dead,
+            rate_in=max(0.0, rate_in), rate_out=rate_out,
+            mean_job_seconds=queue_plan.mean_job_s if queue_plan else policy.est_job_seconds,
+            paused=name in self.paused,
+        )
+
+    def _host_view(self, name: str, entry: HostEntry, alive: bool) -> HostView:
+        report = entry.report
+        return HostView(
+            name=name, alive=alive, capacity_slots=report.capacity_slots,
+            slots=running_row(report), planned=dict(self.slot_map.get(name, {})),
+            mem_available_bytes=report.facts.mem_available_bytes,
+            pss_total_bytes=report.facts.pss_total_bytes, loadavg=report.facts.loadavg,
+            last_report_at=entry.received_at,
+        )
+
+    def history(self, queue: str) -> list[HistoryPoint]:
+        with self.lock:
+            return list(self.tracks.get(queue, QueueTrack()).history)
+
+    def metrics_snapshot(self, now: float) -> dict[str, Any]:
+        view = self.view(now)
+        return {"view": view, "band": {q.name: band_for(q.priority) for q in view.queues}}
+
+
+def running_row(report: HostReport) -> dict[str, int]:
+    row: dict[str, int] = {}
+    for slot in report.slots:
+        if slot.state != "stopping":
+            row[slot.queue] = row.get(slot.queue, 0) + 1
+    return row
+
+
+def _finite(value: float) -> float:
+    return value if value != float("inf") else 99.99

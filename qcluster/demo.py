@@ -1,0 +1,132 @@
+"""``qcluster demo``: a whole cluster on one machine, on the embedded broker.
+
+A manager, two masters (``--host-auto``, host names ``demo-a`` and ``demo-b``), the
+example app (``examples.app``: queues of different priorities) and a load generator
+whose arrival rates change over time, so the slot map visibly moves. Runs until Ctrl-C
+(or ``--duration``); every child is stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+
+out = Console()
+TICK_S = 0.5
+
+
+def arrival_rates(t: float) -> dict[str, float]:
+    """Jobs/s per queue at ``t`` seconds into the demo: a square wave, a sine and bursts."""
+    return {
+        "resize": 1500.0 if (t // 40) % 2 == 0 else 50.0,
+        "mail": 150.0 + 150.0 * math.sin(t / 15.0),
+        "noop": 40_000.0 if (t % 45) < 1.0 else 0.0,
+    }
+
+
+def payload(queue: str, n: int) -> dict[str, Any]:
+    if queue == "mail":
+        return {"to": f"user{n}@example.org" if n % 50 else "broken-address"}
+    return {"n": n}
+
+
+def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    handle = log.open("wb")
+    return subprocess.Popen([sys.executable, "-m", "qcluster", *args], stdout=handle,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _summary(admin: str) -> str:
+    try:
+        view = httpx.get(f"{admin}api/v1/cluster", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return "manager starting..."
+    parts = [
+        f"{q['name']} {q['slots_current']}/{q['slots_planned']} slots, "
+        f"backlog {q['backlog']}, load {q['load'] * 100:.0f}%"
+        for q in view["queues"]
+    ]
+    return " | ".join(parts) + f" | hosts {sum(h['alive'] for h in view['hosts'])}"
+
+
+def demo(
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="Stop after S seconds (default: Ctrl-C)")
+    ] = None,
+    port: Annotated[int, typer.Option("--port", help="Manager / admin UI port")] = 7300,
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", help="Embedded broker state")
+    ] = Path(".qcluster"),
+) -> None:
+    """A small cluster on the embedded broker with the admin UI, until Ctrl-C."""
+    from qcluster.broker.embedded import ensure_server, stop_embedded
+    from qcluster.client import Client
+
+    state_dir = state_dir.resolve()
+    ensure_server(state_dir)
+    env = dict(os.environ, QCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=os.pathsep.join(
+        [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    env.pop("QCLUSTER_BROKER_URL", None)
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    admin = f"http://127.0.0.1:{port}/"
+    children = [_spawn(["manager", "--listen", f"127.0.0.1:{port}", "--interval", "2"],
+                       logs / "manager.log", env)]
+    for index, host in enumerate(("demo-a", "demo-b")):
+        children.append(_spawn(
+            ["master", "--host-auto", "--app", "examples.app", "--manager", admin.rstrip("/"),
+             "--host-name", host, "--listen", f"127.0.0.1:{port + 1 + index}"],
+            logs / f"master-{host}.log", env))
+    out.print(f"[bold green]qcluster demo[/]: admin UI at [link={admin}]{admin}[/link]  "
+              f"(logs in {logs}; Ctrl-C stops)")
+    stop = {"now": False}
+    signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    started = time.monotonic()
+    sent = 0
+    try:
+        with Client(f"embedded://{state_dir}") as client:
+            next_print = 0.0
+            while not stop["now"]:
+                t = time.monotonic() - started
+                if duration is not None and t >= duration:
+                    break
+                for queue, rate in arrival_rates(t).items():
+                    count = int(rate * TICK_S)
+                    if count:
+                        client.enqueue_many(queue, [payload(queue, sent + i) for i in range(count)])
+                        sent += count
+                if t >= next_print:
+                    next_print = t + 5
+                    out.print(f"[dim]{t:5.0f}s[/] enqueued {sent:,} | {_summary(admin)}")
+                    if any(child.poll() is not None for child in children):
+                        out.print("[red]a child process exited; see the logs[/]")
+                        break
+                time.sleep(TICK_S)
+    finally:
+        _stop_all(children)
+        stop_embedded(state_dir)
+    out.print(f"demo stopped after enqueuing {sent:,} jobs")
+
+
+def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in reversed(children):
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
