@@ -28,6 +28,8 @@ BASE_BAND = 0.30
 BAND_STEP = 0.02
 MIN_BAND = 0.10
 MAX_BAND = 0.50
+#: Less slot time than this in the window is no measurement (the load would be noise).
+MIN_ALIVE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> tuple[int, flo
     band = band_for(policy.priority)
     if queue.paused:
         return 0, load, "paused"
-    if window.alive_s <= 0:
+    if window.alive_s < MIN_ALIVE_S:
         batches = math.ceil(window.backlog / policy.batch_size)
         needed = _clamp(max(n, batches), policy)
         return needed, load, f"backlog {window.backlog} in batches of {policy.batch_size}"
@@ -103,7 +105,8 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> tuple[int, flo
     else:
         side = ">" if ratio > 1 else "<"
         edge = target_utilization * (1 + band if ratio > 1 else 1 - band)
-        needed = math.ceil(n * ratio) if n else math.ceil(ratio)
+        wanted = max(n, 1) * ratio
+        needed = policy.max_slots if wanted >= policy.max_slots else math.ceil(wanted)
         why = f"load {load:.0%} {side} {edge:.0%} (band ±{band:.0%})"
     t = mean_job_seconds(window, policy)
     if policy.target_wait and window.backlog:
