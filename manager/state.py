@@ -28,6 +28,8 @@ from qcluster.messages import (
 from qcluster.policy import QueuePolicy
 
 HISTORY_S = 3600.0
+#: A host is never declared dead sooner than this: a busy machine delays a report or two.
+MIN_EXPIRY_S = 5.0
 
 
 @dataclass
@@ -101,7 +103,7 @@ class ClusterState:
             name: entry for name, entry in self.hosts.items()
             if name not in self.drained
             and now - entry.received_at
-            <= expiry * max(entry.report.interval_s, self.cfg.interval_s)
+            <= max(MIN_EXPIRY_S, expiry * max(entry.report.interval_s, self.cfg.interval_s))
         }
 
     def policies(self) -> dict[str, QueuePolicy]:
