@@ -8,32 +8,48 @@ slots are dropped here and so re-placed on the live hosts in the same round.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 
 SlotMap = dict[str, dict[str, int]]
 
 
-def _total(slot_map: Mapping[str, Mapping[str, int]], queue: str) -> int:
-    return sum(row.get(queue, 0) for row in slot_map.values())
-
-
-def _used(row: Mapping[str, int]) -> int:
-    return sum(row.values())
-
-
-def _trim_queue(slot_map: SlotMap, queue: str, excess: int) -> None:
+def _trim_queue(slot_map: SlotMap, used: dict[str, int], queue: str, excess: int) -> None:
     """Remove ``excess`` slots of ``queue``, each from the host holding the most."""
+    heap = [(-row[queue], host) for host, row in slot_map.items() if row.get(queue, 0) > 0]
+    heapq.heapify(heap)
     for _ in range(excess):
-        host = max(slot_map, key=lambda h: (slot_map[h].get(queue, 0), h))
+        count, host = heapq.heappop(heap)
         slot_map[host][queue] -= 1
+        used[host] -= 1
+        if count + 1 < 0:
+            heapq.heappush(heap, (count + 1, host))
 
 
-def _trim_host(row: dict[str, int], capacity: int, order: Sequence[str]) -> None:
+def _trim_host(row: dict[str, int], capacity: int, rank: Mapping[str, int]) -> int:
     """Bring a host within capacity, taking from the lowest priority, largest queues."""
-    rank = {queue: index for index, queue in enumerate(order)}
-    while _used(row) > capacity:
+    removed = 0
+    while sum(row.values()) > capacity:
         queue = max((q for q in row if row[q] > 0), key=lambda q: (rank.get(q, 0), row[q]))
         row[queue] -= 1
+        removed += 1
+    return removed
+
+
+def _add(slot_map: SlotMap, used: dict[str, int], capacity: Mapping[str, int], queue: str,
+         missing: int) -> None:
+    """Add ``missing`` slots of ``queue``: fewest of the queue first, then most free room."""
+    heap = [(slot_map[h].get(queue, 0), used[h] - capacity[h], h)
+            for h in slot_map if used[h] < capacity[h]]
+    heapq.heapify(heap)
+    for _ in range(missing):
+        if not heap:
+            return
+        count, _, host = heapq.heappop(heap)
+        slot_map[host][queue] = count + 1
+        used[host] += 1
+        if used[host] < capacity[host]:
+            heapq.heappush(heap, (count + 1, used[host] - capacity[host], host))
 
 
 def place(
@@ -44,23 +60,25 @@ def place(
 ) -> SlotMap:
     """host -> queue -> slots. ``order``: queues by priority, highest first."""
     order = list(order) if order is not None else sorted(planned)
+    rank = {queue: index for index, queue in enumerate(order)}
     slot_map: SlotMap = {
         host: {q: n for q, n in current.get(host, {}).items() if q in planned and n > 0}
         for host in capacity
     }
+    used = {host: sum(row.values()) for host, row in slot_map.items()}
+    totals: dict[str, int] = {}
+    for row in slot_map.values():
+        for queue, n in row.items():
+            totals[queue] = totals.get(queue, 0) + n
     for queue, want in planned.items():
-        excess = _total(slot_map, queue) - want
-        if excess > 0:
-            _trim_queue(slot_map, queue, excess)
+        if totals.get(queue, 0) > want:
+            _trim_queue(slot_map, used, queue, totals[queue] - want)
     for host, row in slot_map.items():
-        _trim_host(row, capacity[host], order)
+        if used[host] > capacity[host]:
+            _trim_host(row, capacity[host], rank)
+            used[host] = sum(row.values())
     for queue in order:
-        missing = planned.get(queue, 0) - _total(slot_map, queue)
-        for _ in range(missing):
-            free = [h for h in slot_map if _used(slot_map[h]) < capacity[h]]
-            if not free:
-                break
-            host = min(free, key=lambda h: (
-                slot_map[h].get(queue, 0), _used(slot_map[h]) - capacity[h], h))
-            slot_map[host][queue] = slot_map[host].get(queue, 0) + 1
+        placed = sum(row.get(queue, 0) for row in slot_map.values())
+        if planned.get(queue, 0) > placed:
+            _add(slot_map, used, capacity, queue, planned[queue] - placed)
     return {host: {q: n for q, n in row.items() if n > 0} for host, row in slot_map.items()}

@@ -1,0 +1,94 @@
+"""Shared plumbing: brokers, timing by an outside observer, medians, process control."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+REDIS = os.environ.get("QB_REDIS_URL", "redis://127.0.0.1:6379/0")
+RABBITMQ = os.environ.get("QB_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+STATE_DIR = ROOT / ".qcluster" / "bench"
+EMBEDDED = f"embedded://{STATE_DIR}"
+BROKERS = {"redis": REDIS, "rabbitmq": RABBITMQ, "embedded": EMBEDDED}
+
+
+def unique(name: str) -> str:
+    return f"bench-{name}-{uuid.uuid4().hex[:6]}"
+
+
+def env(**extra: str) -> dict[str, str]:
+    merged = dict(os.environ)
+    merged["PYTHONPATH"] = os.pathsep.join([str(ROOT), merged.get("PYTHONPATH", "")])
+    merged.pop("QCLUSTER_BROKER_URL", None)
+    merged.update(extra)
+    return merged
+
+
+def spawn(args: list[str], **extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, cwd=ROOT, env=env(**extra), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def drain_rate(total: int, remaining: Callable[[], int], timeout_s: float = 300.0) -> float:
+    """Jobs/s from the first job gone until the queue is empty, seen from outside.
+
+    Start-up (imports, connections) is not counted: the clock starts when the count
+    first drops, for every system alike.
+    """
+    deadline = time.monotonic() + timeout_s
+    start_count = start = None
+    while time.monotonic() < deadline:
+        left = remaining()
+        now = time.perf_counter()
+        if start is None and left < total:
+            start, start_count = now, left
+        if left == 0 and start is not None:
+            # Jobs left at the first drop were all consumed within the timed span.
+            return (start_count or 0) / max(now - start, 1e-6)
+        time.sleep(0.005)
+    raise TimeoutError(f"queue not drained in {timeout_s}s ({remaining()} left)")
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": len(values)}
+
+
+def python() -> str:
+    return sys.executable
+
+
+def versions() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    import redis
+
+    info: dict[str, Any] = {"python": sys.version.split()[0]}
+    for package in ("qcluster", "kombu", "redis", "hiredis", "prometheus_client"):
+        try:
+            info[package] = version(package)
+        except Exception:  # not installed is a fact worth printing, not a failure
+            info[package] = None
+    client = redis.Redis.from_url(REDIS)
+    info["redis-server"] = client.info("server")["redis_version"]
+    client.close()
+    return info

@@ -1,0 +1,80 @@
+"""Consume throughput of one process: qcluster slots vs plain kombu consumers, and the raw
+Redis round-trip rate (the physical limit of one-job-per-round-trip designs)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+from kombu import Connection, Exchange, Producer, Queue
+
+from bench.common import BROKERS, REDIS, python, spawn, stop, unique
+from bench.common import drain_rate as observe
+from qcluster.client import Client
+
+
+def qcluster_slot(backend: str, batch: int, jobs: int) -> float:
+    url, queue = BROKERS[backend], unique(f"slot{batch}")
+    with Client(url) as client:
+        for start in range(0, jobs, 10_000):
+            client.enqueue_many(queue, [{"n": n} for n in range(start, min(jobs, start + 10_000))])
+        proc = spawn([python(), "-m", "qcluster", "slot", "--app", "bench.apps", "--queue", queue,
+                      "--broker", url, "--burst", "--log-level", "WARNING"],
+                     QB_QUEUE=queue, QB_BATCH=str(batch))
+        try:
+            return observe(jobs, lambda: client.stats(queue)["ready"])
+        finally:
+            stop(proc)
+            client.purge(queue)
+
+
+def kombu_consumer(url: str, jobs: int, ack_every: int) -> float:
+    queue_name = unique("kombu")
+    with Connection(url) as connection:
+        queue = Queue(queue_name, Exchange(queue_name, type="direct"), routing_key=queue_name,
+                      durable=True)
+        producer = Producer(connection.channel(), exchange=queue.exchange,
+                            routing_key=queue_name, serializer="json")
+        queue(producer.channel).declare()
+        for n in range(jobs):
+            producer.publish({"n": n})
+
+        def ready() -> int:
+            return int(queue(connection.channel()).queue_declare(passive=True).message_count)
+
+        proc = spawn([python(), "-m", "bench.kombu_consumer", url, queue_name, "100",
+                      str(ack_every)])
+        try:
+            return observe(jobs, ready)
+        finally:
+            stop(proc)
+            queue(connection.channel()).delete()
+
+
+def redis_round_trips(seconds: float = 2.0) -> float:
+    client = redis.Redis.from_url(REDIS)
+    done, end = 0, time.perf_counter() + seconds
+    start = time.perf_counter()
+    while time.perf_counter() < end:
+        client.ping()
+        done += 1
+    client.close()
+    return done / (time.perf_counter() - start)
+
+
+def systems(jobs: int) -> dict[str, Any]:
+    """name -> zero-argument function returning jobs/s (one run)."""
+    runs: dict[str, Any] = {}
+    for backend in ("redis", "rabbitmq", "embedded"):
+        for batch in (1, 10, 100):
+            runs[f"qcluster slot {backend} batch {batch}"] = (
+                lambda b=backend, n=batch: qcluster_slot(b, n, jobs))
+    runs["kombu consumer redis, prefetch 100, ack each"] = (
+        lambda: kombu_consumer(REDIS, min(jobs, 20_000), 1))
+    runs["kombu consumer rabbitmq, prefetch 100, ack each"] = (
+        lambda: kombu_consumer(BROKERS["rabbitmq"], jobs, 1))
+    runs["kombu consumer rabbitmq, prefetch 100, multiple-ack per 100"] = (
+        lambda: kombu_consumer(BROKERS["rabbitmq"], jobs, 100))
+    runs["raw redis round trips (PING/s)"] = redis_round_trips
+    return runs
