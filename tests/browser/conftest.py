@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, Page
 
 from tests.conftest import IN_CI, ROOT
 
@@ -18,7 +19,7 @@ ARTIFACTS = ROOT / "test-artifacts" / "browser"
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[object]:
+def browser() -> Iterator[Browser]:
     executable = shutil.which("chromium")
     if executable is None:
         message = "Debian's chromium is not installed (make sysdeps installs it)"
@@ -34,7 +35,7 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture
-def page(browser, request: pytest.FixtureRequest) -> Iterator[object]:  # type: ignore[no-untyped-def]
+def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     opened = context.new_page()
     yield opened
@@ -43,8 +44,8 @@ def page(browser, request: pytest.FixtureRequest) -> Iterator[object]:  # type: 
     context.close()
 
 
-def screenshot(page: object, name: str) -> Path:
+def screenshot(page: Page, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+    page.screenshot(path=str(path), full_page=True)
     return path

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from playwright.sync_api import Browser, Page
 
 from admin_ui.router import install
 from qcluster.broker import open_broker
@@ -18,6 +19,7 @@ from tests.admin_fake import FakeSource
 from tests.conftest import free_port, wait_until
 
 pytestmark = pytest.mark.browser
+Served = tuple[str, FakeSource]
 
 
 @pytest.fixture
@@ -40,7 +42,7 @@ def served(redis_url: str, queue_name: str) -> Iterator[tuple[str, FakeSource]]:
         broker.close()
 
 
-def test_queue_table_slot_map_and_decisions(page, served) -> None:  # type: ignore[no-untyped-def]
+def test_queue_table_slot_map_and_decisions(page: Page, served: Served) -> None:
     url, _ = served
     page.goto(url + "/")
     mail = page.locator('tr[data-queue="mail"]')
@@ -55,7 +57,7 @@ def test_queue_table_slot_map_and_decisions(page, served) -> None:  # type: igno
     assert "load 240% > 130%" in page.locator("#decisions").inner_text()
 
 
-def test_sort_survives_the_refresh_and_scroll_is_kept(page, served) -> None:  # type: ignore[no-untyped-def]
+def test_sort_survives_the_refresh_and_scroll_is_kept(page: Page, served: Served) -> None:
     url, source = served
     page.set_viewport_size({"width": 1000, "height": 300})
     page.goto(url + "/")
@@ -77,8 +79,8 @@ def test_sort_survives_the_refresh_and_scroll_is_kept(page, served) -> None:  # 
     assert page.evaluate("window.scrollY") == scrolled
 
 
-def test_queue_detail_charts_and_requeue_with_token(  # type: ignore[no-untyped-def]
-    page, served, redis_url: str, queue_name: str
+def test_queue_detail_charts_and_requeue_with_token(
+    page: Page, served: Served, redis_url: str, queue_name: str
 ) -> None:
     url, source = served
     with Client(redis_url) as producer:
@@ -101,14 +103,19 @@ def test_queue_detail_charts_and_requeue_with_token(  # type: ignore[no-untyped-
     assert source.broker.stats(queue_name).ready == 1
 
 
-def test_pages_work_without_javascript(browser, served) -> None:  # type: ignore[no-untyped-def]
+def queue_order(page: Page) -> list[str]:
+    rows = page.query_selector_all("tr.queue-row")
+    return [row.get_attribute("data-queue") or "" for row in rows]
+
+
+def test_pages_work_without_javascript(browser: Browser, served: Served) -> None:
     url, _ = served
     context = browser.new_context(java_script_enabled=False)
     page = context.new_page()
     page.goto(url + "/?sort=name&dir=asc")
-    rows = [row.get_attribute("data-queue") for row in page.query_selector_all("tr.queue-row")]
+    rows = queue_order(page)
     assert rows == sorted(rows)  # sorted by the server: no script needed
     page.click('a[data-sort="name"]')  # the header link flips the direction, server-side
-    rows = [row.get_attribute("data-queue") for row in page.query_selector_all("tr.queue-row")]
+    rows = queue_order(page)
     assert rows == sorted(rows, reverse=True)
     context.close()

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+from playwright.sync_api import Page
 
 from qcluster.broker import open_broker
 from qcluster.broker.base import Broker
@@ -40,7 +42,7 @@ class Cluster:
     workdir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def cluster(self) -> dict[str, object]:
+    def cluster(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.url + "/api/v1/cluster", timeout=5) as response:
             return dict(json.loads(response.read()))
 
@@ -102,11 +104,11 @@ def _hosts_reported(cluster: Cluster) -> bool:
         view = cluster.cluster()
     except OSError:
         return False
-    hosts = {h["name"] for h in view["hosts"] if h["alive"]}  # type: ignore[attr-defined]
+    hosts = {h["name"] for h in view["hosts"] if h["alive"]}
     return hosts == set(HOSTS)
 
 
-def test_real_manager_and_masters(page, cluster: Cluster) -> None:  # type: ignore[no-untyped-def]
+def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
     queue = cluster.queue
     wait_until(lambda: _hosts_reported(cluster), timeout_s=60,
                message=f"both masters reported\n{cluster.logs()}")
