@@ -6,6 +6,7 @@ JavaScript disabled and the charts can be unit-tested as text.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -28,11 +29,17 @@ class Series:
 
 
 def _bounds(series: Sequence[Series]) -> tuple[float, float, float]:
+    """(first x, x span, top y): a span of 0 (one instant) becomes 1 so nothing divides by 0."""
     xs = [x for s in series for x, _ in s.points]
     ys = [y for s in series for _, y in s.points]
-    x_min, x_max = min(xs), max(xs)
+    x_min, span = min(xs), max(xs) - min(xs)
     y_max = max(ys) if ys else 0.0
-    return x_min, max(x_max, x_min + 1.0), y_max if y_max > 0 else 1.0
+    return x_min, span if span > 0 else 1.0, y_max if y_max > 0 else 1.0
+
+
+def _clean(series: Series) -> Series:
+    points = [(x, max(0.0, y)) for x, y in series.points if math.isfinite(x) and math.isfinite(y)]
+    return Series(series.label, series.color, points)
 
 
 def _format(value: float) -> str:
@@ -44,8 +51,12 @@ def _format(value: float) -> str:
 
 
 def line_chart(title: str, series: Sequence[Series], *, unit: str = "") -> str:
-    """An SVG chart of ``series`` sharing one y axis starting at 0; a note when empty."""
-    drawable = [s for s in series if s.points]
+    """An SVG chart of ``series`` sharing one y axis starting at 0; a note when empty.
+
+    Non-finite points are dropped and negative values drawn at 0, so one bad sample can
+    never push a line out of the picture.
+    """
+    drawable = [s for s in map(_clean, series) if s.points]
     head = (
         f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
         f'aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
@@ -56,17 +67,17 @@ def line_chart(title: str, series: Sequence[Series], *, unit: str = "") -> str:
             head + f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" '
             'class="chart-empty">no data yet</text></svg>'
         )
-    x_min, x_max, y_max = _bounds(drawable)
+    x_min, span, y_max = _bounds(drawable)
     plot_w = WIDTH - PAD_LEFT - PAD_RIGHT
     plot_h = HEIGHT - PAD_TOP - PAD_BOTTOM
 
     def sx(x: float) -> float:
-        return PAD_LEFT + (x - x_min) / (x_max - x_min) * plot_w
+        return PAD_LEFT + (x - x_min) / span * plot_w
 
     def sy(y: float) -> float:
         return PAD_TOP + plot_h - (y / y_max) * plot_h
 
-    parts = [head, _axes(y_max, unit, plot_h, x_max - x_min)]
+    parts = [head, _axes(y_max, unit, plot_h, span)]
     for index, one in enumerate(drawable):
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in one.points)
         parts.append(
