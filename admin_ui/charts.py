@@ -92,6 +92,13 @@ def line_chart(title: str, series: Sequence[Series], *, unit: str = "") -> str:
     return "".join(parts)
 
 
+def _span(seconds: float) -> str:
+    """How far back the left edge is: '-45s', '-12 min'."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 60:.0f} min"
+
+
 def _axes(y_max: float, unit: str, plot_h: float, span_s: float) -> str:
     bottom = PAD_TOP + plot_h
     return (
@@ -102,7 +109,7 @@ def _axes(y_max: float, unit: str, plot_h: float, span_s: float) -> str:
         f"{escape(_format(y_max))}{escape(unit)}</text>"
         f'<text x="{PAD_LEFT - 4}" y="{bottom}" text-anchor="end" class="chart-tick">0</text>'
         f'<text x="{PAD_LEFT}" y="{HEIGHT - 6}" class="chart-tick">'
-        f"-{escape(_format(span_s / 60))} min</text>"
+        f"-{_span(span_s)}</text>"
         f'<text x="{WIDTH - PAD_RIGHT}" y="{HEIGHT - 6}" text-anchor="end" class="chart-tick">'
         "now</text>"
     )

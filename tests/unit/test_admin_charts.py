@@ -64,3 +64,8 @@ def test_labels_title_and_unit_are_escaped() -> None:
 def test_no_points_says_so() -> None:
     svg = line_chart("empty", [Series("x", "#000", []), Series("y", "#000", [(math.nan, 1.0)])])
     assert "no data yet" in svg and not polylines(svg)
+
+
+def test_the_time_axis_reads_in_seconds_then_minutes() -> None:
+    assert ">-45s</text>" in line_chart("t", [Series("s", "#000", [(-45.0, 1.0), (0.0, 2.0)])])
+    assert ">-60 min</text>" in line_chart("t", [Series("s", "#000", [(-3600.0, 1.0), (0, 2)])])
