@@ -31,6 +31,7 @@ SORT_KEYS = {
     "job": "mean_job_seconds",
 }
 PAYLOAD_PREVIEW_CHARS = 160
+DEAD_JOBS_SHOWN = 50
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 
@@ -104,7 +105,8 @@ def build_router(source: ClusterSource) -> APIRouter:
             )
         return templates.TemplateResponse(request, "queue.html", _context(
             request, queue=queue, charts=history_charts(source.queue_history(name)),
-            dead=source.dead_jobs(name), preview=PAYLOAD_PREVIEW_CHARS, requeued=requeued,
+            dead=source.dead_jobs(name, limit=DEAD_JOBS_SHOWN), dead_limit=DEAD_JOBS_SHOWN,
+            preview=PAYLOAD_PREVIEW_CHARS, requeued=requeued,
             decisions=[d for d in view.decisions if d.queue == name][:20],
         ))
 

@@ -149,6 +149,7 @@ def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
     page.goto(f"{cluster.url}/queues/{queue}")
     assert page.locator("svg.chart").count() == 4
     assert "bad payload #" in page.locator("table.dead-jobs").inner_text()
+    assert page.locator("#dead-count").inner_text() == "3"
     refused = page.request.post(f"{cluster.url}/queues/{queue}/requeue", form={})
     assert refused.status == 401
     page.fill('input[name="token"]', "wrong")
@@ -160,5 +161,8 @@ def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
     page.fill('input[name="token"]', TOKEN)
     page.click("form.requeue button")
     assert "Requeued 3 dead job" in page.locator("#requeued").inner_text()
+    # The requeued jobs run again in real slots and are dead-lettered again.
+    wait_until(lambda: page.locator("#dead-count").inner_text() == "3", timeout_s=30,
+               message="the requeued jobs dead again, shown by the refreshing page")
     screenshot(page, "live-queue-requeued")
 
