@@ -15,7 +15,7 @@ from playwright.sync_api import Browser, Page
 from admin_ui.router import install
 from qcluster.broker import open_broker
 from qcluster.client import Client
-from tests.admin_fake import FakeSource
+from tests.browser.fake_source import FakeSource
 from tests.conftest import free_port, wait_until
 
 pytestmark = pytest.mark.browser

@@ -12,7 +12,7 @@ from admin_ui.charts import Series, line_chart
 from admin_ui.router import install, sort_queues
 from qcluster.broker import open_broker
 from qcluster.client import Client
-from tests.admin_fake import FakeSource, queue_view
+from tests.browser.fake_source import FakeSource, queue_view
 
 
 @pytest.fixture
