@@ -80,6 +80,10 @@ max_slots = 0
 
 [queues.{prefix}-hang]
 max_slots = 0
+
+# Declared only here, served by no master: a queue the manager plans (0 slots) and shows.
+[queues.{prefix}-parked]
+max_slots = 0
 """)
     return path
 
