@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 
 from kombu import Connection, Consumer, Queue
@@ -31,7 +30,7 @@ def main() -> None:
             while True:
                 try:
                     connection.drain_events(timeout=2)
-                except socket.timeout:
+                except TimeoutError:
                     break
         for message in pending:
             message.ack()  # type: ignore[attr-defined]
