@@ -130,6 +130,9 @@ def main() -> None:
     if "latency" in only:
         print("latency:", flush=True)
         results["latency"] = suites.latency(seconds=5.0 if args.quick else 10.0)
+    from qcluster.broker.embedded import stop_embedded
+
+    stop_embedded(STATE_DIR)  # the embedded broker the suites started
     results["targets"] = targets(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))

@@ -84,10 +84,26 @@ def master(
         if row is not None:
             for queue in row:
                 application.spec(queue)
+        preimport_for_slots(settings.broker_url, metrics_on)
         supervisor = Supervisor(application, settings, host_name=name, fixed_row=row,
                                 run_slot=run_slot)
         code = _run(supervisor, listen, settings.manager_url if row is None else None)
     raise typer.Exit(code)
+
+
+def preimport_for_slots(broker_url: str | None, metrics_on: bool) -> None:
+    """Import what every slot would import after the fork, so it is shared copy-on-write
+    instead of private in each slot: the broker backend and the slot-side metrics."""
+    import importlib
+
+    url = (broker_url or "embedded").split(";")[0]
+    backend = ("qcluster.broker.kombu_broker" if url.startswith(("amqp", "pyamqp"))
+               else "qcluster.broker.embedded" if url.startswith("embedded")
+               else "qcluster.broker.redis_broker")
+    importlib.import_module(backend)
+    if metrics_on:
+        importlib.import_module("prometheus_client")
+        importlib.import_module("prometheus_client.multiprocess")
 
 
 def _run(supervisor: object, listen: str, manager_url: str | None) -> int:
