@@ -79,6 +79,8 @@ class SlotRunner:
         self.metrics = _SlotMetrics(self.slot_label) if metrics.multiprocess_enabled() else None
         self._last_sent = 0.0
         self._fast_batches = False
+        self._pending = Settlement()
+        """Outcomes of the last batch, settled with the next take (see step)."""
         self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL_S
 
     # --- lifecycle -----------------------------------------------------------
@@ -94,6 +96,7 @@ class SlotRunner:
         try:
             return self._loop()
         finally:
+            self._flush()
             self.broker.close()
 
     @property
@@ -106,7 +109,7 @@ class SlotRunner:
             if self.should_stop:
                 return exitcodes.OK
             try:
-                worked = self.step()
+                worked = self.step(defer_settle=True)
             except BrokerError as exc:
                 logger.warning("slot %s: broker error on %s: %s", self.slot_label, self.queue, exc)
                 time.sleep(BROKER_ERROR_PAUSE_S)
@@ -116,18 +119,25 @@ class SlotRunner:
             if self._over_memory_limit():
                 return exitcodes.RECYCLE
 
-    def step(self) -> bool:
+    def step(self, *, defer_settle: bool = False) -> bool:
         """Take and process one batch (or a few small ones); False when nothing was ready.
 
         With small batches and fast handlers one take fetches several batches (up to
         PREFETCH_JOBS jobs) and runs them batch_size at a time, and all outcomes are
         settled in one round trip: the broker is paid per take, not per job.
+        ``defer_settle`` (the slot loop): the outcomes are settled together with the
+        next take, in the same round trip where the backend can (Redis).
         """
         policy = self.spec.policy
-        deliveries = self.broker.take(
-            self.queue, max_jobs=self._take_size(), lock_timeout_s=policy.lock_timeout,
-            wait_s=0.0 if self.burst else IDLE_WAIT_S,
-        )
+        pending, self._pending = self._pending, Settlement()
+        try:
+            deliveries = self.broker.settle_and_take(
+                self.queue, pending, max_jobs=self._take_size(),
+                lock_timeout_s=policy.lock_timeout, wait_s=0.0 if self.burst else IDLE_WAIT_S,
+            )
+        except BrokerError:
+            self._pending = pending  # settling again is harmless: try with the next take
+            raise
         if not deliveries:
             self._heartbeat(idle=True)
             return False
@@ -149,8 +159,21 @@ class SlotRunner:
             settlement.postpone += part.postpone
             settlement.dead += part.dead
             self._send(BatchDone(queue=self.queue, counters=counters))
-        self.broker.settle(self.queue, settlement)
+        if defer_settle:
+            self._pending = settlement
+        else:
+            self.broker.settle(self.queue, settlement)
         return True
+
+    def _flush(self) -> None:
+        """Settle outcomes still waiting for the next take (stopping, switching queue)."""
+        if not len(self._pending):
+            return
+        pending, self._pending = self._pending, Settlement()
+        try:
+            self.broker.settle(self.queue, pending)
+        except BrokerError as exc:  # the jobs come back when their locks expire
+            logger.warning("slot %s: could not settle on %s: %s", self.slot_label, self.queue, exc)
 
     def _take_size(self) -> int:
         size = self.spec.policy.batch_size
@@ -247,6 +270,7 @@ class SlotRunner:
             if isinstance(command, StopSlot):
                 self.should_stop = True
             elif isinstance(command, SwitchQueue) and command.queue != self.queue:
+                self._flush()  # outcomes belong to the old queue
                 self.spec = self.app.spec(command.queue)
                 logger.info("slot %s: switched to %s", self.slot_label, command.queue)
         if self.channel.closed:

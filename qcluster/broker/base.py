@@ -98,6 +98,14 @@ class Broker(ABC):
         """Apply a batch's outcomes: ack (delete), postpone (unlock, activate later),
         dead (move to the dead-letter store with the reason)."""
 
+    def settle_and_take(
+        self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
+        wait_s: float = 0.0,
+    ) -> list[Delivery]:
+        """``settle`` then ``take``; backends that can do both in one round trip do."""
+        self.settle(queue, settlement)
+        return self.take(queue, max_jobs=max_jobs, lock_timeout_s=lock_timeout_s, wait_s=wait_s)
+
     def ack(self, queue: str, deliveries: Sequence[Delivery]) -> None:
         self.settle(queue, Settlement(ack=list(deliveries)))
 

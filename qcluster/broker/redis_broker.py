@@ -67,6 +67,7 @@ class RedisBroker(Broker):
             name: client.register_script(_load_script(name))
             for name in ("take", "settle", "publish", "stats", "requeue_dead", "purge")
         }
+        self._scripts["settle_take"] = client.register_script(_settle_take_script())
 
     @classmethod
     def from_url(cls, url: str, *, retries: int = 5) -> RedisBroker:
@@ -139,15 +140,23 @@ class RedisBroker(Broker):
     def settle(self, queue: str, settlement: Settlement) -> None:
         if not len(settlement):
             return
-        k = _keys(queue)
-        keys = [k["ready"], k["locked"], k["jobs"], k["attempts"], k["dead"], k["reasons"]]
-        args: list[Any] = [len(settlement.ack), len(settlement.postpone), len(settlement.dead)]
-        args += [d.id for d in settlement.ack]
-        for delivery, delay_s in settlement.postpone:
-            args += (delivery.id, delivery.receipt, max(0, round(delay_s * 1000)))
-        for delivery, reason in settlement.dead:
-            args += (delivery.id, delivery.receipt, reason)
-        self._run("settle", keys, args)
+        self._run("settle", _settle_keys(queue), _settle_args(settlement))
+
+    def settle_and_take(
+        self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
+        wait_s: float = 0.0,
+    ) -> list[Delivery]:
+        """Settle the last batch and take the next one in one script: one round trip."""
+        if len(settlement):
+            settle_args = _settle_args(settlement)
+            lock_ms = max(1, round(lock_timeout_s * 1000))
+            reply = self._run(
+                "settle_take", _settle_keys(queue),
+                [len(settle_args), *settle_args, max_jobs, lock_ms],
+            )
+            if len(reply) > 2 or wait_s <= 0:
+                return _deliveries(reply) if len(reply) > 2 else []
+        return self.take(queue, max_jobs=max_jobs, lock_timeout_s=lock_timeout_s, wait_s=wait_s)
 
     # --- inspecting -----------------------------------------------------------
 
@@ -213,6 +222,35 @@ class RedisBroker(Broker):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _settle_keys(queue: str) -> list[str]:
+    k = _keys(queue)
+    return [k["ready"], k["locked"], k["jobs"], k["attempts"], k["dead"], k["reasons"]]
+
+
+def _settle_args(settlement: Settlement) -> list[Any]:
+    args: list[Any] = [len(settlement.ack), len(settlement.postpone), len(settlement.dead)]
+    args += [d.id for d in settlement.ack]
+    for delivery, delay_s in settlement.postpone:
+        args += (delivery.id, delivery.receipt, max(0, round(delay_s * 1000)))
+    for delivery, reason in settlement.dead:
+        args += (delivery.id, delivery.receipt, reason)
+    return args
+
+
+def _settle_take_script() -> str:
+    """settle.lua then take.lua in one script; take's keys are settle's first four.
+
+    ARGV: the settle arguments' count, the settle arguments, then take's arguments.
+    """
+    return (
+        "local function settle(KEYS, ARGV)\n" + _load_script("settle") + "\nend\n"
+        "local function take(KEYS, ARGV)\n" + _load_script("take") + "\nend\n"
+        "local n = tonumber(ARGV[1])\n"
+        "settle(KEYS, {unpack(ARGV, 2, n + 1)})\n"
+        "return take({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, {unpack(ARGV, n + 2, #ARGV)})\n"
+    )
 
 
 def _deliveries(reply: list[Any]) -> list[Delivery]:

@@ -37,18 +37,25 @@ end
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
 redis.call('ZADD', KEYS[2], unpack(locks))
 local bodies = redis.call('HMGET', KEYS[3], unpack(ids))
+-- Attempts of the whole batch in two calls (one read, one variadic write), not n.
+local before = redis.call('HMGET', KEYS[4], unpack(ids))
 
 local out = {now, lock_until}
+local counts, gone = {}, {}
 for i = 1, n do
   if bodies[i] then
-    local attempts = redis.call('HINCRBY', KEYS[4], ids[i], 1)
+    local attempts = (tonumber(before[i]) or 0) + 1
+    counts[#counts + 1] = ids[i]
+    counts[#counts + 1] = attempts
     out[#out + 1] = ids[i]
     out[#out + 1] = bodies[i]
     out[#out + 1] = attempts
     out[#out + 1] = items[2 * i]
   else
     -- Acked meanwhile by a slot whose lock had expired: nothing left to do.
-    redis.call('ZREM', KEYS[2], ids[i])
+    gone[#gone + 1] = ids[i]
   end
 end
+if #counts > 0 then redis.call('HSET', KEYS[4], unpack(counts)) end
+if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
 return out
