@@ -17,11 +17,16 @@ from qcluster.policy import QueuePolicy
 QUEUES, HOSTS, SLOTS = 150, 40, 3500
 
 
+def make_policy(**fields: Any) -> QueuePolicy:
+    """A validated policy (keywords checked at run time, as in qcluster.toml)."""
+    return QueuePolicy.model_validate(fields)
+
+
 def scenario(seed: int) -> tuple[list[QueueInput], dict[str, dict[str, int]], dict[str, int]]:
     rand = random.Random(seed)
     per_queue = SLOTS // QUEUES
     inputs = [
-        QueueInput(f"q{i}", QueuePolicy(priority=rand.randint(0, 10), min_slots=1,
+        QueueInput(f"q{i}", make_policy(priority=rand.randint(0, 10), min_slots=1,
                                         max_slots=200, batch_size=rand.choice([1, 10, 100])),
                    per_queue,
                    QueueWindow(processed=rand.randint(0, 100_000), busy_s=rand.uniform(0, 600),

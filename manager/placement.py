@@ -3,13 +3,14 @@
 Fewest moves: slots already placed stay where they are unless their queue shrank or
 their host shrank; missing slots go to the host with the fewest slots of that queue
 (spread), then the most free capacity. Hosts absent from ``capacity`` are dead: their
-slots are dropped here and so re-placed on the live hosts in the same round.
+slots are dropped here and so re-placed on the live hosts in the same round. A slot
+goes only to a host whose application declares its queue.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 SlotMap = dict[str, dict[str, int]]
 
@@ -37,10 +38,10 @@ def _trim_host(row: dict[str, int], capacity: int, rank: Mapping[str, int]) -> i
 
 
 def _add(slot_map: SlotMap, used: dict[str, int], capacity: Mapping[str, int], queue: str,
-         missing: int) -> None:
+         missing: int, hosts: Iterable[str]) -> None:
     """Add ``missing`` slots of ``queue``: fewest of the queue first, then most free room."""
     heap = [(slot_map[h].get(queue, 0), used[h] - capacity[h], h)
-            for h in slot_map if used[h] < capacity[h]]
+            for h in hosts if used[h] < capacity[h]]
     heapq.heapify(heap)
     for _ in range(missing):
         if not heap:
@@ -57,12 +58,22 @@ def place(
     planned: Mapping[str, int],
     capacity: Mapping[str, int],
     order: Sequence[str] | None = None,
+    serves: Mapping[str, Collection[str]] | None = None,
 ) -> SlotMap:
-    """host -> queue -> slots. ``order``: queues by priority, highest first."""
+    """host -> queue -> slots. ``order``: queues by priority, highest first.
+
+    ``serves``: host -> the queues its application declares; a slot is never placed on a
+    host that cannot run its queue (the master would drop it). None: every host serves all.
+    """
     order = list(order) if order is not None else sorted(planned)
     rank = {queue: index for index, queue in enumerate(order)}
+
+    def can_serve(host: str, queue: str) -> bool:
+        return serves is None or queue in serves.get(host, ())
+
     slot_map: SlotMap = {
-        host: {q: n for q, n in current.get(host, {}).items() if q in planned and n > 0}
+        host: {q: n for q, n in current.get(host, {}).items()
+               if q in planned and n > 0 and can_serve(host, q)}
         for host in capacity
     }
     used = {host: sum(row.values()) for host, row in slot_map.items()}
@@ -80,5 +91,6 @@ def place(
     for queue in order:
         placed = sum(row.get(queue, 0) for row in slot_map.values())
         if planned.get(queue, 0) > placed:
-            _add(slot_map, used, capacity, queue, planned[queue] - placed)
+            hosts = [h for h in slot_map if can_serve(h, queue)]
+            _add(slot_map, used, capacity, queue, planned[queue] - placed, hosts)
     return {host: {q: n for q, n in row.items() if n > 0} for host, row in slot_map.items()}

@@ -49,6 +49,8 @@ class QueueInput:
     current: int
     window: QueueWindow
     paused: bool = False
+    servable: bool = True
+    """False when no live host's application declares the queue: no slot could run it."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> tuple[int, flo
     band = band_for(policy.priority)
     if queue.paused:
         return 0, load, "paused"
+    if not queue.servable:
+        return 0, load, "served by no live host"
     if window.alive_s < MIN_ALIVE_S:
         batches = math.ceil(window.backlog / policy.batch_size)
         needed = _clamp(max(n, batches), policy)
@@ -158,7 +162,7 @@ def plan(
         if got < need:
             why += f"; capacity short: {got} of {need} needed"
         reason = (
-            f"{queue.name}: {why}, backlog {queue.window.backlog} -> "
+            f"{queue.name}: {why}, backlog {queue.window.backlog}, "
             f"{queue.current} -> {got} slots"
         )
         plans[queue.name] = QueuePlan(

@@ -85,7 +85,10 @@ class ClusterState:
                 track.samples.append(Sample(now, c.processed, c.busy_s, counted.alive_s))
             for queue in report.queues:
                 self.tracks.setdefault(queue, QueueTrack())
-            row = self.slot_map.get(report.host) if self.planned_once else None
+            if report.host in self.drained:
+                row: dict[str, int] | None = {}  # drained: its slots move to the others
+            else:
+                row = self.slot_map.get(report.host) if self.planned_once else None
             if row is None:
                 row = running_row(report)  # not planned yet: keep what the host runs
             return Assignment(generation=self.generation, row=dict(row),
@@ -139,9 +142,11 @@ class ClusterState:
             alive = self.alive_hosts(now)
             running = self.running(alive)
             policies = self.policies()
+            serves = {name: frozenset(e.report.queues) for name, e in alive.items()}
             inputs = [
                 QueueInput(name, policy, sum(row.get(name, 0) for row in running.values()),
-                           self.window(name, now), paused=name in self.paused)
+                           self.window(name, now), paused=name in self.paused,
+                           servable=any(name in queues for queues in serves.values()))
                 for name, policy in sorted(policies.items())
             ]
             capacity = {name: e.report.capacity_slots for name, e in alive.items()}
@@ -149,7 +154,8 @@ class ClusterState:
             new = self._decide(plans, now)
             base = self.slot_map if self.planned_once else running
             order = sorted(policies, key=lambda q: (-policies[q].priority, q))
-            slot_map = place(base, {q: p.planned for q, p in plans.items()}, capacity, order)
+            slot_map = place(base, {q: p.planned for q, p in plans.items()}, capacity, order,
+                             serves)
             if slot_map != self.slot_map:
                 self.generation += 1
             self.slot_map, self.plans, self.planned_once = slot_map, plans, True
