@@ -209,6 +209,7 @@ def test_dead_master_is_replanned_and_a_restarted_manager_rebuilds_the_map(
         rebuilt = {h["name"]: h["slots"] for h in cluster.view()["hosts"] if h["alive"]}
         assert rebuilt == {"a": running}, (before, rebuilt)
         assert cluster.view()["slot_map"]["a"].get(work) == before["a"].get(work)
-        client.purge(work)
-        wait_until(lambda: client.stats(work)["locked"] == 0, timeout_s=20)
+        # Nothing lost: the jobs the killed master held come back after their lock timeout.
+        wait_until(lambda: set(executed(cluster.logs)) >= set(range(30_000)), timeout_s=90,
+                   message="every job executed despite the killed master and manager")
 
