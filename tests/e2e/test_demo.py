@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,8 @@ def test_demo_runs_a_cluster_and_stops_cleanly(tmp_path: Path) -> None:
     assert f"http://127.0.0.1:{port}/" in output
     assert "hosts 2" in output  # both masters reported to the manager
     assert "resize" in output and "slots" in output
+    running = [int(n) for n in re.findall(r"(\d+)/\d+\s+slots", output)]
+    assert any(n > 0 for n in running), output  # the cluster API showed slots running
     assert "demo stopped after enqueuing" in output
     leftovers = subprocess.run(["pgrep", "-f", f"127.0.0.1:{port}"], capture_output=True)
     assert leftovers.stdout == b"", "a demo process outlived the demo"
