@@ -10,17 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import threading
 import time
 from typing import Any
 
-from bench.common import BROKERS, ROOT, python, spawn, stop, unique
+import psutil
+
+from bench.common import BROKERS, ROOT, env, python, spawn, stop, unique
 from qcluster.client import Client
 from qcluster.procfs import read_memory
 
 
-def sustained(backend: str, metrics_on: bool, seconds: float) -> float:
-    """Jobs/s over ``seconds`` while a producer keeps the queue full."""
+def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, float]:
+    """Jobs/s over ``seconds`` while a producer keeps the queue full, and the slots' CPU
+    time per job (what metrics cost, less disturbed by a busy machine than the rate)."""
     url, queue = BROKERS[backend], unique("host")
     flag = "--metrics" if metrics_on else "--no-metrics"
     stop_feeding = threading.Event()
@@ -50,16 +55,59 @@ def sustained(backend: str, metrics_on: bool, seconds: float) -> float:
                      QCLUSTER_METRICS_DIR=f"/dev/shm/qcluster-bench-{os.getpid()}")
         try:
             time.sleep(3)  # slots forked and warm
-            done_before = consumed()
+            slots = psutil.Process(proc.pid).children()
+            done_before, cpu_before = consumed(), _cpu_seconds(slots)
             start = time.perf_counter()
             time.sleep(seconds)
-            done = consumed() - done_before
-            return done / (time.perf_counter() - start)
+            done, cpu = consumed() - done_before, _cpu_seconds(slots) - cpu_before
+            return {"jobs_per_s": done / (time.perf_counter() - start),
+                    "slot_cpu_us_per_job": cpu / max(done, 1) * 1e6}
         finally:
             stop_feeding.set()
             stop(proc)
             feeder.join()
             client.purge(queue)
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        times = process.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def slot_cpu_per_job(backend: str, metrics_on: bool, jobs: int = 100_000) -> float:
+    """Microseconds of one slot's CPU per job while it drains ``jobs`` (batch 100), read
+    from /proc at the first job gone and at the last: start-up is not counted, and a
+    single process on a 2-core machine is far less noisy than a saturated host."""
+    url, queue = BROKERS[backend], unique("cpu")
+    extra = {"PROMETHEUS_MULTIPROC_DIR": f"/dev/shm/qcluster-bench-cpu-{os.getpid()}"}
+    os.makedirs(extra["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+    with Client(url) as client:
+        for first in range(0, jobs, 20_000):
+            client.enqueue_many(queue, [{}] * min(20_000, jobs - first))
+        proc = spawn([python(), "-m", "qcluster", "slot", "--app", "bench.apps", "--queue",
+                      queue, "--broker", url, "--burst", "--log-level", "WARNING"],
+                     QB_QUEUE=queue, QB_BATCH="100", **(extra if metrics_on else {}))
+        try:
+            slot = psutil.Process(proc.pid)
+            while (left := client.stats(queue)["ready"]) == jobs:
+                time.sleep(0.002)
+            cpu_start = _cpu_seconds([slot])
+            while client.stats(queue)["ready"] > 0:
+                time.sleep(0.002)
+            return (_cpu_seconds([slot]) - cpu_start) / left * 1e6
+        finally:
+            stop(proc)
+            client.purge(queue)
+
+
+def metrics_cost() -> float:
+    """Microseconds of recording one job's metrics (``bench.metrics_cost``)."""
+    out = subprocess.run([python(), "-m", "bench.metrics_cost"], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
 
 
 def probe_cost(slots: int = 100) -> float:
@@ -82,15 +130,26 @@ def probe_cost(slots: int = 100) -> float:
             os.waitpid(pid, 0)
 
 
-def run(seconds: float = 20.0) -> dict[str, Any]:
-    results: dict[str, Any] = {"seconds": seconds}
+def run(seconds: float = 60.0, rounds: int = 3) -> dict[str, Any]:
+    """Metrics on for ``seconds`` and off for a third as long, on each broker; and one slot's
+    CPU per job with metrics on and off, alternating ``rounds`` times."""
+    results: dict[str, Any] = {"seconds_on": seconds, "seconds_off": seconds / 3,
+                               "metrics_cost_us_per_job": metrics_cost()}
     for backend in ("embedded", "redis"):
-        on, off = [], []
-        for _ in range(2):  # alternate on/off
-            on.append(sustained(backend, True, seconds))
-            off.append(sustained(backend, False, seconds))
-        results[backend] = {"metrics_on": on, "metrics_off": off,
-                            "overhead": 1 - (sum(on) / sum(off))}
+        on = sustained(backend, True, seconds)
+        off = sustained(backend, False, seconds / 3)
+        cpu: dict[str, list[float]] = {"on": [], "off": []}
+        for _ in range(rounds):
+            cpu["on"].append(slot_cpu_per_job(backend, True))
+            cpu["off"].append(slot_cpu_per_job(backend, False))
+        results[backend] = {
+            "metrics_on": on, "metrics_off": off,
+            "rate_overhead": 1 - on["jobs_per_s"] / off["jobs_per_s"],
+            "slot_cpu_us_per_job": cpu,
+            "cpu_overhead": statistics.median(cpu["on"]) / statistics.median(cpu["off"]) - 1,
+            "recording_overhead": results["metrics_cost_us_per_job"] / statistics.median(
+                cpu["off"]),
+        }
     results["probe_100_slots_ms"] = probe_cost()
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
     (ROOT / "bench" / "results" / "master.json").write_text(json.dumps(results, indent=2))
@@ -99,5 +158,5 @@ def run(seconds: float = 20.0) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
     print(json.dumps(run(parser.parse_args().seconds), indent=2))

@@ -333,12 +333,12 @@ class _SlotMetrics:
                 c[outcome].inc(value)
         c["duration"].observe(counters.busy_s)
         c["size"].observe(len(jobs))
-        wait = c["wait"]
-        for job in jobs:
-            if job.delivery is not None:
-                wait.observe(max(0.0, job.delivery.taken_at - job.activate_at))
-            if job.outcome == "error":
-                self.defs.failures.labels(queue, job.error.split(":", 1)[0]).inc()
+        metrics.observe_many(c["wait"], [job.delivery.taken_at - job.activate_at
+                                         for job in jobs if job.delivery is not None])
+        if counters.done < len(jobs):  # some job did not simply succeed: look for errors
+            for job in jobs:
+                if job.outcome == "error":
+                    self.defs.failures.labels(queue, job.error.split(":", 1)[0]).inc()
 
     def private_dirty(self, queue: str, value: int) -> None:
         self._for(queue)["dirty"].set(value)
