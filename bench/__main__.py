@@ -1,7 +1,9 @@
 """`make bench`: every suite in one run, systems alternating (A B C A B C ...), medians.
 
     python -m bench [--quick] [--only consume,enqueue,host,planner,memory,latency]
-                    [--repeat N] [--jobs N]
+                    [--repeat N] [--jobs N] [--peer-jobs N] [--no-peers]
+
+The peers (Celery, Dramatiq, RQ, arq) are installed on first use into bench/.peers/<name>.
 
 Writes bench/results/latest.json and bench/results/latest.md.
 """
@@ -11,15 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import consume, master_bench, planner_bench, suites
+from bench import consume, master_bench, peer_runs, planner_bench, suites
 from bench.common import ROOT, STATE_DIR, summary, versions
 
 RESULTS = ROOT / "bench" / "results"
+QCLUSTER_MEMORY = "qcluster master --slots Q=8"
 SUITES = ("consume", "enqueue", "host", "planner", "memory", "latency")
 
 
@@ -37,35 +41,63 @@ def ratio(table: dict[str, Any], a: str, b: str) -> float:
     return float(table[a]["median"] / table[b]["median"])
 
 
+REDIS_B100, REDIS_B1 = "qcluster slot redis batch 100", "qcluster slot redis batch 1"
+RABBIT_B100 = "qcluster slot rabbitmq batch 100"
+CELERY_SOLO_REDIS = "Celery solo, redis"
+DRAMATIQ_REDIS = "Dramatiq 1 process 1 thread, {}, redis"
+DRAMATIQ_RABBIT = "Dramatiq 1 process 1 thread, prefetch 100, rabbitmq"
+#: (what, system, against, at least this many times)
+CONSUME_TARGETS = [
+    ("Redis batch 100 vs Dramatiq prefetch 100", REDIS_B100,
+     DRAMATIQ_REDIS.format("prefetch 100"), 8),
+    ("Redis batch 100 vs Celery solo", REDIS_B100, CELERY_SOLO_REDIS, 25),
+    ("Redis batch 1 vs Celery solo", REDIS_B1, CELERY_SOLO_REDIS, 2),
+    ("Redis batch 1 vs Dramatiq default", REDIS_B1, DRAMATIQ_REDIS.format("default prefetch"),
+     1),
+    ("RabbitMQ batch 100 vs Dramatiq prefetch 100", RABBIT_B100, DRAMATIQ_RABBIT, 2.5),
+    ("RabbitMQ batch 100 vs kombu multiple-ack per 100 (the kombu limit)", RABBIT_B100,
+     "kombu consumer rabbitmq, prefetch 100, multiple-ack per 100", 0.8),
+    ("Redis batch 100 vs plain kombu consumer on Redis", REDIS_B100,
+     "kombu consumer redis, prefetch 100, ack each", 25),
+]
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
-    def check(what: str, value: float, goal: float, unit: str = "x", lower: bool = False) -> None:
-        met = value <= goal if lower else value >= goal
+    def check(what: str, value: float, goal: float | None, unit: str = "x",
+              lower: bool = False) -> None:
+        """A row of the targets table; ``goal=None`` is a figure shown without a target."""
+        met = None if goal is None else (value <= goal if lower else value >= goal)
         rows.append({"target": what, "value": round(value, 2), "goal": goal, "unit": unit,
                      "met": met})
 
     c = results.get("consume")
     if c:
-        check("Redis batch 100 vs plain kombu consumer on Redis (issue 2)",
-              ratio(c, "qcluster slot redis batch 100",
-                    "kombu consumer redis, prefetch 100, ack each"), 25)
-        check("RabbitMQ batch 100 vs kombu multiple-ack per 100 (the kombu limit)",
-              ratio(c, "qcluster slot rabbitmq batch 100",
-                    "kombu consumer rabbitmq, prefetch 100, multiple-ack per 100"), 0.8)
+        for what, a, b, goal in CONSUME_TARGETS:
+            if a in c and b in c:
+                check(what, ratio(c, a, b), goal)
     h = results.get("host")
     if h:
-        check("whole host, 2 slots, metrics on, embedded: jobs/s",
-              sum(h["embedded"]["metrics_on"]) / len(h["embedded"]["metrics_on"]), 40_000, "/s")
-        check("metrics overhead (embedded)", h["embedded"]["overhead"] * 100, 5, "%", lower=True)
+        for backend in ("embedded", "redis"):
+            check(f"whole host, 2 slots, metrics on, {backend}: jobs/s",
+                  h[backend]["metrics_on"]["jobs_per_s"],
+                  40_000 if backend == "embedded" else None, "/s")
+        for backend in ("embedded", "redis"):
+            check(f"metrics overhead: recording cost / slot CPU per job ({backend})",
+                  h[backend]["recording_overhead"] * 100, 5, "%", lower=True)
+            check(f"metrics overhead: slot CPU per job, on vs off, median of 3 ({backend})",
+                  h[backend]["cpu_overhead"] * 100, None, "%")
+            check(f"metrics overhead: jobs/s of the saturated 2-core host ({backend})",
+                  h[backend]["rate_overhead"] * 100, None, "%")
     p = results.get("planner")
     if p:
         check("planner round, 150 queues x 40 hosts x 3,500 slots", p["median_ms"], 20, "ms",
               lower=True)
     m = results.get("memory")
     if m:
-        check("8 slots of the 100 MB app: total PSS / one process", m["total_over_one_process"],
-              2, "x", lower=True)
+        check("8 slots of the 100 MB app: total PSS / one process",
+              m[QCLUSTER_MEMORY]["total_over_one_process"], 2, "x", lower=True)
     lat = results.get("latency")
     if lat:
         check("enqueue-to-start p99 with idle slots", lat["p99_ms"], 50, "ms", lower=True)
@@ -78,55 +110,89 @@ def markdown(results: dict[str, Any]) -> str:
              f"Versions: {json.dumps(results['versions'])}", ""]
     for suite in ("consume", "enqueue"):
         if suite in results:
-            lines += [f"## {suite}", "", "| system | median /s | min | max | runs |",
-                      "|---|---:|---:|---:|---:|"]
-            for name, s in results[suite].items():
-                lines.append(f"| {name} | {s['median']:,.0f} | {s['min']:,.0f} | "
-                             f"{s['max']:,.0f} | {s['runs']} |")
-            lines.append("")
-    for suite in ("host", "planner", "memory", "latency"):
+            lines += _rate_table(suite, results[suite])
+    if "memory" in results:
+        lines += _memory_table(results["memory"])
+    for suite in ("host", "planner", "latency"):
         if suite in results:
             lines += [f"## {suite}", "", "```json", json.dumps(results[suite], indent=2), "```",
                       ""]
     lines += ["## Targets", "", "| target | value | goal | met |", "|---|---:|---:|---|"]
     for row in results["targets"]:
-        verdict = "met" if row["met"] else "**MISSED**"
-        lines.append(f"| {row['target']} | {row['value']:,} {row['unit']} | "
-                     f"{row['goal']:,} {row['unit']} | {verdict} |")
+        verdict = {True: "met", False: "**MISSED**", None: "(no target)"}[row["met"]]
+        goal = "" if row["goal"] is None else f"{row['goal']:,} {row['unit']}"
+        lines.append(f"| {row['target']} | {row['value']:,} {row['unit']} | {goal} | {verdict} |")
+    lines += ["", "## Commands", "", "| system | command |", "|---|---|"]
+    lines += [f"| {name} | `{command}` |" for name, command in results["commands"].items()]
     return "\n".join(lines) + "\n"
 
 
+def _rate_table(suite: str, table: dict[str, Any]) -> list[str]:
+    """Fastest first, each with its ratio to Celery solo on the same broker."""
+    lines = [f"## {suite}", "", "| system | median /s | min | max | runs | vs Celery solo |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, s in sorted(table.items(), key=lambda item: -item[1]["median"]):
+        broker = "rabbitmq" if "rabbitmq" in name else "redis"
+        celery = table.get(f"Celery solo, {broker}")
+        versus = f"{s['median'] / celery['median']:.1f}x" if celery else ""
+        lines.append(f"| {name} | {s['median']:,.0f} | {s['min']:,.0f} | {s['max']:,.0f} | "
+                     f"{s['runs']} | {versus} |")
+    return [*lines, ""]
+
+
+def _memory_table(memory: dict[str, Any]) -> list[str]:
+    lines = ["## memory (8 workers of an app that allocates 100 MB at import)", "",
+             "| system | workers | PSS per worker (MiB) | USS per worker (MiB) | total PSS (MiB) "
+             "| one process (MiB) | total / one process |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, m in memory.items():
+        lines.append(f"| {name} | {m['workers']} | {statistics.median(m['worker_pss_mib'])} | "
+                     f"{statistics.median(m['worker_uss_mib'])} | {m['total_pss_mib']} | "
+                     f"{m['one_process_pss_mib']} | {m['total_over_one_process']}x |")
+    return [*lines, ""]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--quick", action="store_true", help="small counts, one round")
-    parser.add_argument("--only", default=",".join(SUITES))
-    parser.add_argument("--repeat", type=int, default=None)
-    parser.add_argument("--jobs", type=int, default=None)
-    args = parser.parse_args()
+    args = parse_args()
     repeat = args.repeat or (1 if args.quick else 3)
     jobs = args.jobs or (5_000 if args.quick else 50_000)
+    peer_jobs = args.peer_jobs or (5_000 if args.quick else 20_000)
     only = set(args.only.split(","))
+    peers = not args.no_peers
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["python -m bench",
-                                                                         *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(["python -m bench", *sys.argv[1:]]),
         "machine": f"{platform.node()} {platform.machine()}, {_cpus()} CPUs",
-        "versions": versions(), "jobs": jobs, "repeat": repeat,
+        "versions": versions(), "jobs": jobs, "peer_jobs": peer_jobs, "repeat": repeat,
+        "peer_window_s": peer_runs.WINDOW_S,
+        "commands": consume.commands(),
     }
+    if peers:
+        print("peers:", flush=True)
+        results["versions"].update(peer_runs.ensure_peers())
+        results["commands"].update(peer_runs.commands())
     if "consume" in only:
         print("consume throughput, one process:", flush=True)
-        results["consume"] = alternate(consume.systems(jobs), repeat)
+        systems = consume.systems(jobs)
+        if peers:
+            systems.update(peer_runs.consume_systems(peer_jobs))
+        results["consume"] = alternate(systems, repeat)
     if "enqueue" in only:
         print("enqueue throughput:", flush=True)
-        results["enqueue"] = alternate(suites.enqueue_systems(jobs // 5), repeat)
+        systems = suites.enqueue_systems(jobs // 5)
+        if peers:
+            systems.update(peer_runs.enqueue_systems(2_000))
+        results["enqueue"] = alternate(systems, repeat)
     if "host" in only:
         print("whole host (master, 2 slots):", flush=True)
-        results["host"] = master_bench.run(5.0 if args.quick else 20.0)
+        results["host"] = master_bench.run(10.0 if args.quick else 60.0)
     if "planner" in only:
         results["planner"] = planner_bench.run()
     if "memory" in only:
-        print("memory of 8 slots:", flush=True)
-        results["memory"] = suites.memory_of_slots()
+        print("memory of 8 workers:", flush=True)
+        results["memory"] = {QCLUSTER_MEMORY: suites.memory_of_slots()}
+        if peers:
+            results["memory"].update(peer_runs.memory())
     if "latency" in only:
         print("latency:", flush=True)
         results["latency"] = suites.latency(seconds=5.0 if args.quick else 10.0)
@@ -138,6 +204,20 @@ def main() -> None:
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     (RESULTS / "latest.md").write_text(markdown(results))
     print(markdown(results))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--quick", action="store_true", help="small counts, one round")
+    parser.add_argument("--only", default=",".join(SUITES))
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="jobs pre-enqueued for qcluster and kombu (50,000)")
+    parser.add_argument("--peer-jobs", type=int, default=None,
+                        help="jobs pre-enqueued for each peer (20,000)")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="skip Celery, Dramatiq, RQ and arq")
+    return parser.parse_args()
 
 
 def _cpus() -> int:

@@ -48,11 +48,21 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def drain_rate(total: int, remaining: Callable[[], int], timeout_s: float = 300.0) -> float:
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a measured process group whose queue is thrown away anyway (a graceful stop of
+    some peers waits out their own timeouts)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def drain_rate(total: int, remaining: Callable[[], int], timeout_s: float = 300.0,
+               window_s: float | None = None) -> float:
     """Jobs/s from the first job gone until the queue is empty, seen from outside.
 
     Start-up (imports, connections) is not counted: the clock starts when the count
-    first drops, for every system alike.
+    first drops, for every system alike. With ``window_s``, a slow system is watched for
+    that long only: its rate is steady well before a deep backlog is gone.
     """
     deadline = time.monotonic() + timeout_s
     start_count = start = None
@@ -61,9 +71,11 @@ def drain_rate(total: int, remaining: Callable[[], int], timeout_s: float = 300.
         now = time.perf_counter()
         if start is None and left < total:
             start, start_count = now, left
-        if left == 0 and start is not None:
+        done = left == 0 or (window_s is not None and start is not None
+                                 and now - start >= window_s)
+        if done and start is not None and start_count is not None:
             # Jobs left at the first drop were all consumed within the timed span.
-            return (start_count or 0) / max(now - start, 1e-6)
+            return (start_count - left) / max(now - start, 1e-6)
         time.sleep(0.005)
     raise TimeoutError(f"queue not drained in {timeout_s}s ({remaining()} left)")
 

@@ -82,3 +82,14 @@ def systems(jobs: int) -> dict[str, Any]:
         lambda: kombu_consumer(BROKERS["rabbitmq"], jobs, 100))
     runs["raw redis round trips (PING/s)"] = redis_round_trips
     return runs
+
+
+def commands() -> dict[str, str]:
+    """The exact command behind each qcluster and kombu row (queue shown as QUEUE)."""
+    return {
+        "qcluster slot BROKER batch N": "QB_BATCH=N python -m qcluster slot --app bench.apps "
+                                        "--queue QUEUE --broker URL --burst --log-level WARNING",
+        "kombu consumer ...": "python -m bench.kombu_consumer URL QUEUE 100 ACK_EVERY",
+        "qcluster master (host, memory)": "python -m qcluster master --app bench.apps --broker URL"
+                                          " --slots QUEUE=N --listen 127.0.0.1:0 [--no-metrics]",
+    }

@@ -70,48 +70,56 @@ def memory_of_slots(slots: int = 8, ballast_mb: int = 100) -> dict[str, Any]:
                   "--slots", f"{queue}={slots}", "--listen", "127.0.0.1:0", "--no-metrics",
                   "--log-level", "WARNING"], QB_QUEUE=queue, QB_BALLAST_MB=str(ballast_mb))
     try:
-        deadline = time.monotonic() + 60
-        children: list[int] = []
-        while time.monotonic() < deadline and len(children) < slots:
-            time.sleep(0.5)
-            children = _children(proc.pid)
-        time.sleep(2)
-        master_mem = read_memory(proc.pid)
-        samples = [m for m in (read_memory(pid) for pid in children) if m]
+        tree = process_tree_memory(proc.pid, slots)
     finally:
         stop(proc)
-    single = _single_process_pss(ballast_mb)
-    total = sum(s.pss_bytes for s in samples) + (master_mem.pss_bytes if master_mem else 0)
-    mib = 1 << 20
+    single = single_process_pss(python(), "bench.apps", ballast_mb)
+    return {**tree, "ballast_mb": ballast_mb, "one_process_pss_mib": round(single / MIB, 1),
+            "total_over_one_process": round(tree["total_pss_mib"] * MIB / single, 2),
+            "target": "total PSS of 8 slots under 2x one process"}
+
+
+MIB = 1 << 20
+
+
+def process_tree_memory(root: int, workers: int) -> dict[str, Any]:
+    """PSS/USS of a worker system's whole process tree, once ``workers`` processes run under
+    ``root`` and have had time to import the app."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_descendants(root)) < workers:
+        time.sleep(0.5)
+    time.sleep(3)
+    root_memory = read_memory(root)
+    samples = [m for m in (read_memory(pid) for pid in _descendants(root)) if m]
+    total = sum(s.pss_bytes for s in samples) + (root_memory.pss_bytes if root_memory else 0)
     return {
-        "slots": len(samples), "ballast_mb": ballast_mb,
-        "slot_pss_mib": [round(s.pss_bytes / mib, 1) for s in samples],
-        "slot_uss_mib": [round(s.uss_bytes / mib, 1) for s in samples],
-        "master_pss_mib": round(master_mem.pss_bytes / mib, 1) if master_mem else None,
-        "total_pss_mib": round(total / mib, 1),
-        "one_process_pss_mib": round(single / mib, 1),
-        "total_over_one_process": round(total / single, 2),
-        "target": "total PSS of 8 slots under 2x one process",
+        "workers": len(samples),
+        "worker_pss_mib": [round(s.pss_bytes / MIB, 1) for s in samples],
+        "worker_uss_mib": [round(s.uss_bytes / MIB, 1) for s in samples],
+        "parent_pss_mib": round(root_memory.pss_bytes / MIB, 1) if root_memory else None,
+        "total_pss_mib": round(total / MIB, 1),
     }
 
 
-def _children(pid: int) -> list[int]:
+def _descendants(pid: int) -> list[int]:
     import psutil
 
     try:
-        return [child.pid for child in psutil.Process(pid).children()]
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
 
 
-def _single_process_pss(ballast_mb: int) -> int:
-    """PSS of one process that imports the same app (what a per-process worker pays)."""
-    code = ("import bench.apps, time, qcluster.procfs as p, json; "
-            "print(p.read_memory('self').pss_bytes)")
+def single_process_pss(interpreter: str, module: str, ballast_mb: int) -> int:
+    """PSS of one process that imports ``module`` (what a per-process worker pays)."""
     import subprocess
 
     from bench.common import env
-    out = subprocess.run([python(), "-c", code], env=env(QB_BALLAST_MB=str(ballast_mb)),
+
+    code = (f"import {module}, re\n"
+            "text = open('/proc/self/smaps_rollup').read()\n"
+            "print(int(re.search(r'^Pss:\\s+(\\d+)', text, re.M).group(1)) * 1024)")
+    out = subprocess.run([interpreter, "-c", code], env=env(QB_BALLAST_MB=str(ballast_mb)),
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip())
 
