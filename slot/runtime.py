@@ -134,6 +134,7 @@ class SlotRunner:
             deliveries = self.broker.settle_and_take(
                 self.queue, pending, max_jobs=self._take_size(),
                 lock_timeout_s=policy.lock_timeout, wait_s=0.0 if self.burst else IDLE_WAIT_S,
+                read_ahead=self._fast_batches,
             )
         except BrokerError:
             self._pending = pending  # settling again is harmless: try with the next take

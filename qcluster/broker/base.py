@@ -100,9 +100,15 @@ class Broker(ABC):
 
     def settle_and_take(
         self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
-        wait_s: float = 0.0,
+        wait_s: float = 0.0, read_ahead: bool = False,
     ) -> list[Delivery]:
-        """``settle`` then ``take``; backends that can do both in one round trip do."""
+        """``settle`` then ``take``; backends that can do both in one round trip do.
+
+        ``read_ahead`` (the slot's handler is fast): a backend whose take costs more
+        than a round trip may lock the next ``max_jobs`` in advance, so that they are on
+        their way while this batch runs (RabbitMQ: prefetch twice the batch). They are
+        locked like taken jobs and come back the same way if the slot dies.
+        """
         self.settle(queue, settlement)
         return self.take(queue, max_jobs=max_jobs, lock_timeout_s=lock_timeout_s, wait_s=wait_s)
 

@@ -6,7 +6,10 @@ How the queue-server contract maps onto AMQP (README, "Backend semantics"):
   ``qc.q.NAME``. Its dead-letter store is the durable queue ``NAME.dead``.
 - ``take`` is a kombu consumer with ``prefetch_count`` = the batch size and
   ``accept=["application/json"]``: the broker's own unacked state is the lock, so taking
-  and locking are one server-side step. There is no lock timeout: unacked jobs come back
+  and locking are one server-side step. A slot whose handler is fast asks for read-ahead
+  (``settle_and_take``): prefetch twice the batch, so the next batch streams in while
+  this one runs. Frames are read through a read-ahead socket buffer
+  (:mod:`qcluster.broker.amqp_readahead`). There is no lock timeout: unacked jobs come back
   when the slot's connection closes (killed, crashed, or its master killed it when hung).
 - ``settle`` acks a whole batch with one ``multiple=True`` ack when it can (acks have no
   reply, so settling a done batch costs no round trip); postponed and dead jobs are first
@@ -36,9 +39,10 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import amqp
-from kombu import Connection, Consumer, Exchange, Queue
+from kombu import Consumer, Exchange, Queue
 from kombu.transport import native_delayed_delivery as ndd
 
+from qcluster.broker.amqp_readahead import Connection
 from qcluster.broker.base import Broker, DeadJob, QueueStats, Settlement
 from qcluster.errors import BrokerError, BrokerUnavailable
 from qcluster.job import JSON_CONTENT_TYPE, Delivery
@@ -316,12 +320,14 @@ class KombuBroker(Broker):
 
     # --- consuming ------------------------------------------------------------
 
-    def _consumer(self, queue: str, room: int) -> _Consumer:
-        """The queue's consumer, with a prefetch allowing ``room`` more jobs than held."""
+    def _consumer(self, queue: str, room: int, ahead: int = 0) -> _Consumer:
+        """The queue's consumer, with a prefetch allowing ``room`` more jobs than held,
+        plus ``ahead`` delivered in advance for the next take."""
         self._declare(queue)
         current = self._consumers.get(queue)
-        wanted = len(current.held) + room if current else room
-        if current and current.prefetch >= wanted:
+        exact = len(current.held) + room if current else room
+        wanted = exact + ahead
+        if current and current.prefetch >= wanted and (ahead or current.prefetch <= exact):
             return current
         if current:
             # A consumer's prefetch is fixed when it starts: restart it with more room.
@@ -348,8 +354,19 @@ class KombuBroker(Broker):
     ) -> list[Delivery]:
         return self._retrying(lambda: self._take(queue, max_jobs, wait_s))
 
-    def _take(self, queue: str, max_jobs: int, wait_s: float) -> list[Delivery]:
-        state = self._consumer(queue, max_jobs)
+    def settle_and_take(
+        self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
+        wait_s: float = 0.0, read_ahead: bool = False,
+    ) -> list[Delivery]:
+        """Acks have no reply, so the settle costs nothing; with ``read_ahead`` the next
+        batch streams in while this one runs instead of after its ack reached the broker
+        (which otherwise leaves both the slot and RabbitMQ idle once per batch)."""
+        self.settle(queue, settlement)
+        ahead = max_jobs if read_ahead else 0
+        return self._retrying(lambda: self._take(queue, max_jobs, wait_s, ahead))
+
+    def _take(self, queue: str, max_jobs: int, wait_s: float, ahead: int = 0) -> list[Delivery]:
+        state = self._consumer(queue, max_jobs, ahead)
         if not state.buffer and wait_s <= 0 and self._count(queue) > 0:
             wait_s = 2.0  # ready jobs are on their way: --burst must not stop early
         deadline = time.monotonic() + max(wait_s, BATCH_FILL_S)

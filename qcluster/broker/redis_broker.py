@@ -144,9 +144,10 @@ class RedisBroker(Broker):
 
     def settle_and_take(
         self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
-        wait_s: float = 0.0,
+        wait_s: float = 0.0, read_ahead: bool = False,
     ) -> list[Delivery]:
-        """Settle the last batch and take the next one in one script: one round trip."""
+        """Settle the last batch and take the next one in one script: one round trip
+        (nothing to gain from ``read_ahead``)."""
         if len(settlement):
             settle_args = _settle_args(settlement)
             lock_ms = max(1, round(lock_timeout_s * 1000))

@@ -14,7 +14,7 @@ from qcluster import App, Client, Job
 from qcluster.broker import open_broker
 from qcluster.broker.kombu_broker import KombuBroker, queue_exchange
 from slot.runtime import SlotRunner
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 
 
 def test_failover_skips_an_unreachable_url(rabbitmq_url: str, queue_name: str) -> None:
@@ -96,3 +96,37 @@ def test_a_dropped_connection_is_reopened_and_its_jobs_come_back(
         }
     finally:
         broker.close()
+
+
+def test_only_a_fast_handler_gets_its_next_batch_ahead_and_a_dying_slot_loses_none(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    app = App()
+    client = Client(rabbitmq_url)
+    handled: list[int] = []
+    ready_during: list[int] = []
+
+    @app.queue(queue_name, batch_size=40)
+    def handle(jobs: list[Job]) -> None:
+        handled.extend(job.payload for job in jobs)
+        step = len(handled) // 40
+        if step == 3:
+            return  # fast: the next take reads ahead (counting would make it slow)
+        if step == 4:
+            wait_until(lambda: client.stats(queue_name)["ready"] <= 400 - 5 * 40,
+                       timeout_s=5, message="the next batch delivered ahead")
+        ready_during.append(client.stats(queue_name)["ready"])
+        time.sleep(0.05)  # slow: a slow handler's slot never reads ahead
+
+    client.enqueue_many(queue_name, list(range(400)))
+    runner = SlotRunner(app, queue_name, open_broker(rabbitmq_url))
+    for _ in range(4):
+        assert runner.step()
+    # Steps 1 and 2 lock exactly their batch; step 4 follows a fast batch. (What the
+    # broker had sent before the switch to read-ahead stays locked too, once.)
+    assert ready_during[:2] == [360, 320] and 160 <= ready_during[2] <= 200
+    assert len(set(handled)) == 160
+    runner.broker.close()  # the slot dies holding the batch it read ahead
+    wait_until(lambda: client.stats(queue_name)["ready"] == 240, timeout_s=10,
+               message="the read-ahead batch back in the queue")
+    client.close()

@@ -1,0 +1,104 @@
+"""py-amqp with buffered socket reads: one ``recv`` per 64 KiB instead of three per frame.
+
+py-amqp's TCP transport reads each frame with three exact-size ``recv`` calls (header,
+payload, end octet), and a message is three frames: nine system calls per job, a third of
+a slot's CPU on RabbitMQ. Here a frame is parsed out of a read-ahead buffer; bytes are
+only consumed once a whole frame is there, so a read that times out (the normal way
+``drain_events`` returns when idle) leaves the stream intact.
+
+Only the plain-TCP py-amqp transport is replaced: ``amqps://`` (TLS) and librabbitmq
+keep their own transports.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from typing import Any
+
+import kombu
+from amqp.exceptions import UnexpectedFrame
+from amqp.transport import TCPTransport
+from kombu.transport import pyamqp
+
+#: How much to ask the kernel for at once.
+CHUNK = 64 * 1024
+_HEADER = struct.Struct(">BHI")  # frame type, channel, payload size
+_FRAME_END = 0xCE
+#: errnos after which the socket is still usable (as in py-amqp)
+_RETRY = (errno.EAGAIN, errno.EINTR)
+_UNAVAIL = {errno.EAGAIN, errno.EINTR, errno.ENOENT, errno.EWOULDBLOCK}
+
+
+class ReadAheadTCPTransport(TCPTransport):
+    """py-amqp's TCP transport, reading frames from a read-ahead buffer."""
+
+    def _setup_transport(self) -> None:
+        super()._setup_transport()
+        self._pending = b""  # received, not yet parsed
+        self._offset = 0  # where the unparsed part of _pending starts
+
+    def _fill(self, need: int) -> None:
+        """Make at least ``need`` unparsed bytes available."""
+        while len(self._pending) - self._offset < need:
+            try:
+                data = self._quick_recv(max(CHUNK, need))
+            except OSError as exc:
+                if exc.errno not in _RETRY:
+                    raise
+                if self.raise_on_initial_eintr:
+                    # As py-amqp does before a frame's first byte; here no byte of the
+                    # frame is consumed until all of it is in, so this holds anywhere.
+                    raise TimeoutError() from exc
+                continue
+            if not data:
+                raise OSError("Server unexpectedly closed connection")
+            self._pending = self._pending[self._offset:] + data
+            self._offset = 0
+
+    def read_frame(self, unpack: Any = None) -> tuple[int, int, bytes]:
+        try:
+            self._fill(_HEADER.size)
+            frame_type, channel, size = _HEADER.unpack_from(self._pending, self._offset)
+            self._fill(_HEADER.size + size + 1)
+        except TimeoutError:
+            raise  # nothing consumed: the next read starts at the same frame
+        except OSError as exc:
+            if exc.errno not in _UNAVAIL:
+                self.connected = False
+            raise
+        start = self._offset + _HEADER.size
+        payload = self._pending[start:start + size]
+        frame_end = self._pending[start + size]
+        self._offset = start + size + 1
+        if frame_end != _FRAME_END:
+            raise UnexpectedFrame(f"Received frame_end {frame_end:#04x} while expecting 0xce")
+        return frame_type, channel, payload
+
+
+class _AMQPConnection(pyamqp.Connection):
+    def Transport(self, host: str, connect_timeout: float | None, ssl: Any = False,
+                  read_timeout: float | None = None, write_timeout: float | None = None,
+                  **kwargs: Any) -> Any:
+        if ssl:
+            return super().Transport(host, connect_timeout, ssl, read_timeout, write_timeout,
+                                     **kwargs)
+        return ReadAheadTCPTransport(host, connect_timeout=connect_timeout,
+                                     read_timeout=read_timeout, write_timeout=write_timeout,
+                                     **kwargs)
+
+
+class ReadAheadTransport(pyamqp.Transport):
+    """kombu's py-amqp transport on :class:`ReadAheadTCPTransport`."""
+
+    Connection = _AMQPConnection
+
+
+class Connection(kombu.Connection):
+    """A kombu Connection that uses :class:`ReadAheadTransport` wherever kombu would use
+    its plain py-amqp transport, including after a failover to the next URL (kombu
+    re-reads the transport from each URL's scheme)."""
+
+    def get_transport_cls(self) -> Any:
+        transport_cls = super().get_transport_cls()
+        return ReadAheadTransport if transport_cls is pyamqp.Transport else transport_cls

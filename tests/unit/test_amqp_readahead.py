@@ -1,0 +1,94 @@
+"""The read-ahead AMQP transport parses the same frames as py-amqp, however the bytes are
+cut by the network, and a read that times out mid-frame loses nothing."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import pytest
+from amqp.exceptions import UnexpectedFrame
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qcluster.broker.amqp_readahead import ReadAheadTCPTransport
+
+Frame = tuple[int, int, bytes]
+
+
+def encode(frame: Frame, end: int = 0xCE) -> bytes:
+    frame_type, channel, payload = frame
+    return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + bytes([end])
+
+
+@contextmanager
+def transport_on_socketpair() -> Iterator[tuple[ReadAheadTCPTransport, socket.socket]]:
+    """The transport reading one end of a real socket pair; the test writes the other."""
+    ours, theirs = socket.socketpair()
+    transport = ReadAheadTCPTransport.__new__(ReadAheadTCPTransport)
+    transport.sock = ours
+    transport.connected = True
+    transport.raise_on_initial_eintr = True
+    transport._setup_transport()
+    try:
+        yield transport, theirs
+    finally:
+        ours.close()
+        theirs.close()
+
+
+#: larger than one 64 KiB read and than RabbitMQ's default frame_max (128 KiB)
+big_payloads = st.builds(lambda n, shift: (bytes(range(256)) * 600)[shift:shift + n],
+                         st.integers(70_000, 140_000), st.integers(0, 255))
+frames = st.lists(
+    st.tuples(st.sampled_from([1, 2, 3, 8]), st.integers(0, 3),
+              st.binary(max_size=300) | big_payloads),
+    min_size=1, max_size=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=frames, cuts=st.lists(st.integers(1, 200_000), max_size=12))
+def test_frames_survive_any_split_and_timeouts_between_the_pieces(
+    frames: list[Frame], cuts: list[int]
+) -> None:
+    stream = b"".join(map(encode, frames))
+    points = [0, *sorted({c % len(stream) for c in cuts} - {0}), len(stream)]
+    pieces = [stream[a:b] for a, b in itertools.pairwise(points)]
+    got: list[Frame] = []
+    with transport_on_socketpair() as (transport, peer):
+        transport.sock.settimeout(0.001)  # reads time out between (and inside) pieces
+        writer = threading.Thread(target=send_slowly, args=(peer, pieces))
+        writer.start()
+        deadline = time.monotonic() + 20
+        while len(got) < len(frames) and time.monotonic() < deadline:
+            with suppress(socket.timeout):
+                got.append(transport.read_frame())
+        writer.join()
+    assert got == frames
+
+
+def send_slowly(peer: socket.socket, pieces: list[bytes]) -> None:
+    for piece in pieces:
+        peer.sendall(piece)
+        time.sleep(0.002)
+
+
+def test_a_bad_frame_end_is_an_error() -> None:
+    with transport_on_socketpair() as (transport, peer):
+        peer.sendall(encode((1, 0, b"abc"), end=0x00))
+        with pytest.raises(UnexpectedFrame):
+            transport.read_frame()
+
+
+def test_a_closed_connection_is_an_error_not_a_hang() -> None:
+    with transport_on_socketpair() as (transport, peer):
+        peer.sendall(encode((1, 0, b"abc"))[:5])
+        peer.shutdown(socket.SHUT_WR)
+        with pytest.raises(OSError, match="closed"):
+            transport.read_frame()
