@@ -173,7 +173,7 @@ def main() -> None:
         results["commands"].update(peer_runs.commands())
     if "consume" in only:
         print("consume throughput, one process:", flush=True)
-        systems = consume.systems(jobs)
+        systems = consume.systems(jobs, peer_jobs)
         if peers:
             systems.update(peer_runs.consume_systems(peer_jobs))
         results["consume"] = alternate(systems, repeat)

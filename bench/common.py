@@ -56,6 +56,10 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+#: How long a slow system is watched draining: its rate is steady long before 20,000 jobs.
+WINDOW_S = 5.0
+
+
 def drain_rate(total: int, remaining: Callable[[], int], timeout_s: float = 300.0,
                window_s: float | None = None) -> float:
     """Jobs/s from the first job gone until the queue is empty, seen from outside.

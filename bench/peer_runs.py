@@ -20,7 +20,18 @@ from typing import Any
 import redis
 from kombu import Connection
 
-from bench.common import RABBITMQ, REDIS, ROOT, drain_rate, env, kill, spawn, stop, unique
+from bench.common import (
+    RABBITMQ,
+    REDIS,
+    ROOT,
+    WINDOW_S,
+    drain_rate,
+    env,
+    kill,
+    spawn,
+    stop,
+    unique,
+)
 
 PEERS_DIR = ROOT / "bench" / ".peers"
 #: name -> pip requirement; pinned so that a run can be repeated
@@ -32,8 +43,6 @@ PEERS = {
 }
 PEER_REDIS = REDIS.rsplit("/", 1)[0] + "/9"
 BROKERS = {"redis": PEER_REDIS, "rabbitmq": RABBITMQ}
-#: how long a slow peer is watched draining: its rate is steady long before 20,000 jobs
-WINDOW_S = 5.0
 
 
 def ensure_peers() -> dict[str, str]:
