@@ -152,12 +152,13 @@ SYSTEMS: dict[str, PeerSystem] = {
 }
 
 
-def publish(peer: str, broker: str, queue: str, jobs: int, timed: int) -> dict[str, Any]:
+def publish(peer: str, broker: str, queue: str, jobs: int, timed: int,
+            **extra_env: str) -> dict[str, Any]:
     """Run the peer's publisher (``bench.peers.publish``) in its own environment."""
     out = subprocess.run(
         [peer_bin(peer, "python"), "-m", "bench.peers.publish", peer, str(jobs), str(timed)],
-        cwd=ROOT, env=env(QB_QUEUE=queue, QB_BROKER=BROKERS[broker]), capture_output=True,
-        text=True, check=True)
+        cwd=ROOT, env=env(QB_QUEUE=queue, QB_BROKER=BROKERS[broker], **extra_env),
+        capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout))
 
 
@@ -175,11 +176,11 @@ def fill(peer: str, broker: str, queue: str, jobs: int, processes: int = 2) -> N
             raise RuntimeError(f"{peer} publisher failed with exit code {proc.returncode}")
 
 
-def publish_rate(peer: str, broker: str, jobs: int) -> float:
+def publish_rate(peer: str, broker: str, jobs: int, confirm: bool = False) -> float:
     """Jobs/s of the peer's own publish call, one call per job."""
     queue = unique(f"{peer}-pub")
     try:
-        report = publish(peer, broker, queue, jobs, jobs)
+        report = publish(peer, broker, queue, jobs, jobs, QB_CONFIRM="1" if confirm else "0")
     finally:
         clean(broker, queue)
     return float(report["timed_jobs"] / report["timed_seconds"])
@@ -192,6 +193,9 @@ def enqueue_systems(jobs: int) -> dict[str, Callable[[], float]]:
     for broker, peers in (("redis", PEERS), ("rabbitmq", ("celery", "dramatiq"))):
         for peer in peers:
             runs[f"{peer} {calls[peer]} {broker}"] = partial(publish_rate, peer, broker, jobs)
+    for peer in ("celery", "dramatiq"):  # as Client.enqueue: the broker confirms each job
+        runs[f"{peer} {calls[peer]} rabbitmq (confirmed)"] = partial(
+            publish_rate, peer, "rabbitmq", jobs, confirm=True)
     return runs
 
 

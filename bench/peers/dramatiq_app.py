@@ -1,4 +1,5 @@
-"""Dramatiq with its default middleware; prefetch comes from ``dramatiq_queue_prefetch``."""
+"""Dramatiq with its default middleware; prefetch comes from ``dramatiq_queue_prefetch``,
+``QB_CONFIRM=1`` turns RabbitMQ publisher confirms on."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ else:
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
     # kombu spells the default vhost "//", pika wants it quoted
-    broker = RabbitmqBroker(url=URL[:-2] + "/%2F" if URL.endswith("//") else URL)
+    broker = RabbitmqBroker(url=URL[:-2] + "/%2F" if URL.endswith("//") else URL,
+                            confirm_delivery=os.environ.get("QB_CONFIRM") == "1")
 dramatiq.set_broker(broker)
 
 
