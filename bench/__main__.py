@@ -84,10 +84,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                   h[backend]["metrics_on"]["jobs_per_s"],
                   40_000 if backend == "embedded" else None, "/s")
         for backend in ("embedded", "redis"):
-            check(f"metrics overhead: recording cost / slot CPU per job ({backend})",
-                  h[backend]["recording_overhead"] * 100, 5, "%", lower=True)
             check(f"metrics overhead: slot CPU per job, on vs off, median of 3 ({backend})",
-                  h[backend]["cpu_overhead"] * 100, None, "%")
+                  h[backend]["cpu_overhead"] * 100, 5, "%", lower=True)
+            check(f"metrics overhead: recording cost alone (micro-benchmark) / slot CPU per job"
+                  f" ({backend})", h[backend]["recording_overhead"] * 100, None, "%")
             check(f"metrics overhead: jobs/s of the saturated 2-core host ({backend})",
                   h[backend]["rate_overhead"] * 100, None, "%")
     p = results.get("planner")
@@ -153,6 +153,9 @@ def _memory_table(memory: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     args = parse_args()
+    if args.render:
+        rerender()
+        return
     repeat = args.repeat or (1 if args.quick else 3)
     jobs = args.jobs or (5_000 if args.quick else 50_000)
     peer_jobs = args.peer_jobs or (5_000 if args.quick else 20_000)
@@ -206,6 +209,14 @@ def main() -> None:
     print(markdown(results))
 
 
+def rerender() -> None:
+    """The targets and latest.md again from latest.json (after a change of targets)."""
+    saved = json.loads((RESULTS / "latest.json").read_text())
+    saved["targets"] = targets(saved)
+    (RESULTS / "latest.json").write_text(json.dumps(saved, indent=2))
+    (RESULTS / "latest.md").write_text(markdown(saved))
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="small counts, one round")
@@ -217,6 +228,8 @@ def parse_args() -> argparse.Namespace:
                         help="jobs pre-enqueued for each peer (20,000)")
     parser.add_argument("--no-peers", action="store_true",
                         help="skip Celery, Dramatiq, RQ and arq")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite latest.md (and the targets) from latest.json")
     return parser.parse_args()
 
 

@@ -77,7 +77,7 @@ def _cpu_seconds(processes: list[psutil.Process]) -> float:
     return total
 
 
-def slot_cpu_per_job(backend: str, metrics_on: bool, jobs: int = 100_000) -> float:
+def slot_cpu_per_job(backend: str, metrics_on: bool, jobs: int = 200_000) -> float:
     """Microseconds of one slot's CPU per job while it drains ``jobs`` (batch 100), read
     from /proc at the first job gone and at the last: start-up is not counted, and a
     single process on a 2-core machine is far less noisy than a saturated host."""
