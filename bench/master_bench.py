@@ -24,8 +24,7 @@ from qcluster.procfs import read_memory
 
 
 def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, float]:
-    """Jobs/s over ``seconds`` while a producer keeps the queue full, and the slots' CPU
-    time per job (what metrics cost, less disturbed by a busy machine than the rate)."""
+    """Jobs/s over ``seconds`` while a producer keeps the queue full."""
     url, queue = BROKERS[backend], unique("host")
     flag = "--metrics" if metrics_on else "--no-metrics"
     stop_feeding = threading.Event()
@@ -55,13 +54,11 @@ def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, float
                      QCLUSTER_METRICS_DIR=f"/dev/shm/qcluster-bench-{os.getpid()}")
         try:
             time.sleep(3)  # slots forked and warm
-            slots = psutil.Process(proc.pid).children()
-            done_before, cpu_before = consumed(), _cpu_seconds(slots)
+            done_before = consumed()
             start = time.perf_counter()
             time.sleep(seconds)
-            done, cpu = consumed() - done_before, _cpu_seconds(slots) - cpu_before
-            return {"jobs_per_s": done / (time.perf_counter() - start),
-                    "slot_cpu_us_per_job": cpu / max(done, 1) * 1e6}
+            done = consumed() - done_before
+            return {"jobs_per_s": done / (time.perf_counter() - start)}
         finally:
             stop_feeding.set()
             stop(proc)

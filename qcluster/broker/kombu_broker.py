@@ -330,7 +330,7 @@ class KombuBroker(Broker):
         if current and current.prefetch >= wanted and (ahead or current.prefetch <= exact):
             return current
         if current:
-            # A consumer's prefetch is fixed when it starts: restart it with more room.
+            # A consumer's prefetch is fixed when it starts: restart it with the new one.
             # Messages already delivered stay unacked (locked) on this channel.
             current.consumer.cancel()
             channel, buffer, held = current.channel, current.buffer, current.held
