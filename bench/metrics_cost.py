@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import tempfile
 import timeit
-from types import SimpleNamespace
 
 BATCH = 100
 
@@ -16,15 +15,23 @@ BATCH = 100
 def main() -> None:
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = d
+        from qcluster.job import Delivery, Job
+        from qcluster.messages import BatchCounters
         from slot.runtime import _SlotMetrics
 
         recorder = _SlotMetrics("slot1")
-        jobs = [SimpleNamespace(delivery=SimpleNamespace(taken_at=1000.0),
-                                activate_at=999.99 - n * 1e-5, outcome="done", error="")
-                for n in range(BATCH)]
-        counters = SimpleNamespace(done=BATCH, retried=0, failed=0, malformed=0, busy_s=3e-4)
+        jobs = []
+        for n in range(BATCH):
+            activate_at = 999.99 - n * 1e-5
+            delivery = Delivery(id=str(n), body=b"{}", attempts=1, activate_at=activate_at,
+                                taken_at=1000.0)
+            job = Job(id=str(n), queue="q", payload={}, attempts=1, enqueued_at=activate_at,
+                      activate_at=activate_at, delivery=delivery)
+            job.outcome = "done"
+            jobs.append(job)
+        counters = BatchCounters(done=BATCH, batches=1, busy_s=3e-4)
         rounds = 5_000
-        seconds = min(timeit.repeat(lambda: recorder.observe("q", jobs, counters),  # type: ignore[arg-type]
+        seconds = min(timeit.repeat(lambda: recorder.observe("q", jobs, counters),
                                     number=rounds, repeat=5))
         print(seconds / rounds / BATCH * 1e6)
 

@@ -1,5 +1,6 @@
-"""observe_many must record exactly what one observe per value records (buckets, count,
-sum), in the multiprocess mode slots write in and in the plain in-process mode."""
+"""A HistogramTally written to a histogram must record exactly what one observe per value
+records (buckets, count, sum), in the multiprocess mode slots write in and in the plain
+in-process mode, however the values are split between adds and writes."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import Histogram, values
 
-from qcluster.metrics import DURATION_BUCKETS, observe_many
+from qcluster.metrics import DURATION_BUCKETS, HistogramTally
 
-waits = st.lists(
-    st.one_of(st.sampled_from(DURATION_BUCKETS),
-              st.floats(min_value=0, max_value=1e4, allow_nan=False)),
-    max_size=200)
+a_value = st.one_of(st.sampled_from(DURATION_BUCKETS),
+                    st.floats(min_value=0, max_value=1e4, allow_nan=False))
+# Batches of values; after each, whether the slot writes (its interval came round).
+batches = st.lists(st.tuples(st.lists(a_value, max_size=120), st.booleans()), max_size=8)
 
 
 def samples(histogram: Histogram) -> dict[tuple[str, str], float]:
@@ -22,51 +23,66 @@ def samples(histogram: Histogram) -> dict[tuple[str, str], float]:
             if not s.name.endswith("_created")}
 
 
-def same(values_seen: list[float], name: str) -> None:
+def same(seen: list[tuple[list[float], bool]], name: str) -> None:
     one_by_one = Histogram(f"{name}_a", "", ["queue"], buckets=DURATION_BUCKETS, registry=None)
-    bulk = Histogram(f"{name}_b", "", ["queue"], buckets=DURATION_BUCKETS, registry=None)
-    child = one_by_one.labels("q")
-    for value in values_seen:
-        child.observe(value)
-    observe_many(bulk.labels("q"), values_seen)
+    tallied = Histogram(f"{name}_b", "", ["queue"], buckets=DURATION_BUCKETS, registry=None)
+    child, tally = one_by_one.labels("q"), HistogramTally(DURATION_BUCKETS)
+    for number, (batch, write) in enumerate(seen):
+        for value in batch:
+            child.observe(value)
+        if number % 2 and batch:
+            tally.add(batch[0])  # both ways of adding mix
+            tally.add_many(batch[1:])
+        else:
+            tally.add_many(batch)
+        if write:
+            tally.write_to(tallied.labels("q"))
+    tally.write_to(tallied.labels("q"))  # what a stopping slot does
     expected = {(n.replace("_a_", "_b_"), le): v for (n, le), v in samples(one_by_one).items()}
-    got = samples(bulk)
+    got = samples(tallied)
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
 
 
 @settings(max_examples=60, deadline=None)
-@given(waits)
-def test_observe_many_matches_observe_in_process(values_seen: list[float]) -> None:
-    same(values_seen, "inproc")
+@given(batches)
+def test_a_tally_records_what_observe_records_in_process(seen: list[tuple[list[float], bool]]
+                                                          ) -> None:
+    same(seen, "inproc")
 
 
 @settings(max_examples=30, deadline=None)
-@given(values_seen=waits)
-def test_observe_many_matches_observe_multiprocess(values_seen: list[float],
-                                                  tmp_path_factory: pytest.TempPathFactory
-                                                  ) -> None:
+@given(seen=batches)
+def test_a_tally_records_what_observe_records_multiprocess(
+        seen: list[tuple[list[float], bool]], tmp_path_factory: pytest.TempPathFactory) -> None:
     directory = tmp_path_factory.mktemp("prom")
     saved = values.ValueClass
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
         values.ValueClass = values.MultiProcessValue(process_identifier=lambda: "slot1")
         try:
-            same(values_seen, "multi")
+            same(seen, "multi")
             assert list(directory.glob("histogram_slot1.db")), "values were not mmap'ed"
         finally:
             values.ValueClass = saved
 
 
-def test_observe_many_falls_back_to_observe() -> None:
-    class Plain:
-        def __init__(self) -> None:
-            self.seen: list[float] = []
+def test_a_wait_below_the_floor_counts_as_the_floor() -> None:
+    histogram = Histogram("waits", "", ["queue"], buckets=DURATION_BUCKETS, registry=None)
+    tally = HistogramTally(DURATION_BUCKETS, floor=0.0)
+    tally.add_many([-0.5, 0.002])
+    tally.add(-1.0)
+    tally.write_to(histogram.labels("q"))
+    got = samples(histogram)
+    assert got[("waits_bucket", "0.001")] == 2
+    assert got[("waits_count", "")] == 3
+    assert got[("waits_sum", "")] == pytest.approx(0.002)
 
-        def observe(self, value: float) -> None:
-            self.seen.append(value)
 
-    plain = Plain()
-    observe_many(plain, [0.1, 2.0])
-    assert plain.seen == [0.1, 2.0]
+def test_a_tally_refuses_a_histogram_with_other_buckets() -> None:
+    other = Histogram("other", "", ["queue"], buckets=(1, 2), registry=None)
+    tally = HistogramTally(DURATION_BUCKETS)
+    tally.add(0.1)
+    with pytest.raises(TypeError):
+        tally.write_to(other.labels("q"))
