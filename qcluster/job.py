@@ -90,7 +90,7 @@ class Delivery:
     activate_at: float
     """Broker-clock unix seconds at which the job became ready (for wait metrics)."""
     taken_at: float
-    """Broker-clock unix seconds of the take."""
+    """Broker-clock unix seconds of the take: the same for every delivery of one take."""
     content_type: str = JSON_CONTENT_TYPE
     receipt: Any = None
 

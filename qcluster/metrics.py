@@ -116,7 +116,7 @@ class HistogramTally:
     collected are exactly those of one ``observe`` per value (the tests check).
     """
 
-    def __init__(self, buckets: Sequence[float], *, floor: float | None = None) -> None:
+    def __init__(self, buckets: Sequence[float], *, floor: float = -math.inf) -> None:
         """``floor``: values below it count as it (a wait is never negative, whatever a
         clock step between two hosts says)."""
         bounds = [float(b) for b in buckets]
@@ -129,7 +129,7 @@ class HistogramTally:
         self.floor = floor
 
     def add(self, value: float) -> None:
-        if self.floor is not None and value < self.floor:
+        if value < self.floor:
             value = self.floor
         if value == value:  # NaN counts in the sum only, as with observe
             # bisect_left finds the first bound >= value: observe's `value <= bound` rule.
@@ -141,8 +141,8 @@ class HistogramTally:
         """Add a batch's values: sorted once, then one bisect per bucket touched."""
         if not values:
             return
-        ordered = sorted(values)  # a batch comes oldest first: nearly sorted, so this is cheap
-        if self.floor is not None and ordered[0] < self.floor:
+        ordered = sorted(values)  # a batch comes oldest first: one run, so this is cheap
+        if ordered[0] < self.floor:
             ordered = [max(self.floor, v) for v in ordered]
         bounds, counts = self.bounds, self.counts
         index, start, size = bisect_left(bounds, ordered[0]), 0, len(ordered)

@@ -317,6 +317,7 @@ class _QueueFigures:
     (label lookups cost more than the increments, so the children are looked up once)."""
 
     def __init__(self, defs: Any, queue: str, slot_label: str) -> None:
+        self.done = 0
         self.outcomes = dict.fromkeys(_OUTCOMES, 0)
         self.outcome_children = {o: defs.jobs.labels(queue, o) for o in _OUTCOMES}
         self.duration = metrics.HistogramTally(metrics.DURATION_BUCKETS)
@@ -328,17 +329,23 @@ class _QueueFigures:
         self.dirty_child = defs.slot_private_dirty.labels(queue, slot_label)
 
     def add(self, jobs: Sequence[Job], counters: BatchCounters) -> None:
-        outcomes = self.outcomes
-        outcomes["done"] += counters.done
-        outcomes["retried"] += counters.retried
-        outcomes["failed"] += counters.failed
-        outcomes["malformed"] += counters.malformed
+        # Every line here runs once per batch: a no-op slot runs 1,000 batches a second.
+        self.done += counters.done
+        if counters.retried or counters.failed or counters.malformed:
+            outcomes = self.outcomes
+            outcomes["retried"] += counters.retried
+            outcomes["failed"] += counters.failed
+            outcomes["malformed"] += counters.malformed
         self.duration.add(counters.busy_s)
         self.size.add(len(jobs))
-        self.wait.add_many([job.delivery.taken_at - job.activate_at
-                            for job in jobs if job.delivery is not None])
+        first = jobs[0].delivery if jobs else None
+        if first is not None:  # a batch is part of one take: its jobs share taken_at
+            taken_at = first.taken_at
+            self.wait.add_many([taken_at - job.activate_at for job in jobs])
 
     def write(self) -> None:
+        self.outcomes["done"] += self.done
+        self.done = 0
         for outcome, count in self.outcomes.items():
             if count:
                 self.outcome_children[outcome].inc(count)
