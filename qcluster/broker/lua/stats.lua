@@ -4,6 +4,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ready = redis.call('ZCOUNT', KEYS[1], '-inf', now)
 local expired = redis.call('ZCOUNT', KEYS[2], '-inf', now)
-local locked = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+local locked = redis.call('ZCOUNT', KEYS[2], '(' .. now, '(+inf')  -- not take.lua's +inf marker
 local delayed = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 return {ready + expired, locked, delayed, redis.call('ZCARD', KEYS[3])}

@@ -8,11 +8,16 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max_jobs = tonumber(ARGV[1])
 local lock_until = now + tonumber(ARGV[2])
 
--- Expired locks: their slot died or hung; the jobs are ready again from now.
+-- Expired locks: their slot died or hung; the jobs are ready again from now, and the
+-- take that died counts as an attempt (a job acked meanwhile is skipped below).
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
 if #expired > 0 then
   local back = {}
-  for i, id in ipairs(expired) do back[2 * i - 1] = now; back[2 * i] = id end
+  for i, id in ipairs(expired) do
+    back[2 * i - 1] = now
+    back[2 * i] = id
+    if redis.call('HEXISTS', KEYS[3], id) == 1 then redis.call('HINCRBY', KEYS[4], id, 1) end
+  end
   redis.call('ZADD', KEYS[1], unpack(back))
   redis.call('ZREM', KEYS[2], unpack(expired))
 end
@@ -22,31 +27,36 @@ local n = #items / 2
 if n == 0 then
   -- Nothing ready: tell the caller when the next delayed job or lock comes due.
   local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
-  local lck = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2]
+  local lck = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
   if lck and (not nxt or tonumber(lck) < tonumber(nxt)) then nxt = lck end
   return {now, nxt or false}
 end
 
-local ids, locks = {}, {}
+-- The first member of the lock set is a name longer than zset-max-listpack-value: Redis
+-- then keeps the set a skiplist for good. In a listpack every insert scans the whole set,
+-- and locking a batch of 100 cost five times as much. Its score +inf never expires.
+local marker = '~qcluster: keeps this lock set a skiplist; never a job, never expires~'
+local ids, locks = {}, {'+inf', marker}
 for i = 1, n do
   ids[i] = items[2 * i - 1]
-  locks[2 * i - 1] = lock_until
-  locks[2 * i] = ids[i]
+  locks[2 * i + 1] = lock_until
+  locks[2 * i + 2] = ids[i]
 end
 -- The n lowest scores are exactly ranks 0..n-1 (same ordering as ZRANGEBYSCORE).
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
 redis.call('ZADD', KEYS[2], unpack(locks))
 local bodies = redis.call('HMGET', KEYS[3], unpack(ids))
--- Attempts of the whole batch in two calls (one read, one variadic write), not n.
-local before = redis.call('HMGET', KEYS[4], unpack(ids))
+-- The attempts hash holds only takes that ended without an ack (an expired lock, a
+-- postpone, a dead letter), written when they end: a take writes nothing per job, and
+-- while no job fails the hash does not even exist.
+local before = {}
+if redis.call('EXISTS', KEYS[4]) == 1 then before = redis.call('HMGET', KEYS[4], unpack(ids)) end
 
 local out = {now, lock_until}
-local counts, gone = {}, {}
+local gone = {}
 for i = 1, n do
   if bodies[i] then
     local attempts = (tonumber(before[i]) or 0) + 1
-    counts[#counts + 1] = ids[i]
-    counts[#counts + 1] = attempts
     out[#out + 1] = ids[i]
     out[#out + 1] = bodies[i]
     out[#out + 1] = attempts
@@ -56,6 +66,5 @@ for i = 1, n do
     gone[#gone + 1] = ids[i]
   end
 end
-if #counts > 0 then redis.call('HSET', KEYS[4], unpack(counts)) end
 if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
 return out
