@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qcluster.broker import Broker, DeadJob, open_broker
-from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, encode_envelope, make_envelope
+from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, encode_new_jobs
 
 
 class Client:
@@ -48,13 +48,8 @@ class Client:
         """Store many jobs in as few round trips as the backend allows; returns their ids."""
         if delay < 0:
             raise ValueError("delay must be >= 0")
-        now = time.time()
-        messages = []
-        for payload in payloads:
-            envelope = make_envelope(queue, payload, enqueued_at=now, headers=headers)
-            messages.append(
-                (envelope.id, encode_envelope(envelope, max_bytes=self.max_message_bytes))
-            )
+        messages = encode_new_jobs(queue, payloads, enqueued_at=time.time(), headers=headers,
+                                   max_bytes=self.max_message_bytes)
         if messages:
             self.broker.publish_many(queue, messages, delay_s=delay)
         return [job_id for job_id, _ in messages]

@@ -8,7 +8,8 @@ and hands the slot a :class:`Delivery`; the slot decodes it into a :class:`Job`.
 from __future__ import annotations
 
 import json
-import uuid
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,33 +36,54 @@ class Envelope(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
 
 
-def new_job_id() -> str:
-    return uuid.uuid4().hex
+def encode_new_jobs(
+    queue: str,
+    payloads: Iterable[Any],
+    *,
+    enqueued_at: float,
+    headers: dict[str, str] | None = None,
+    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> list[tuple[str, bytes]]:
+    """``(id, envelope bytes)`` of a new job per payload: an :class:`Envelope` as JSON.
 
-
-def encode_envelope(envelope: Envelope, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> bytes:
-    """Compact JSON bytes; refuses a message over ``max_bytes``."""
-    body = envelope.model_dump_json().encode()
-    if len(body) > max_bytes:
-        raise EnvelopeError(
-            f"job for queue {envelope.queue!r} is {len(body)} bytes, over the "
-            f"{max_bytes}-byte limit (max_message_bytes)"
-        )
-    return body
-
-
-def make_envelope(
-    queue: str, payload: Any, *, enqueued_at: float, headers: dict[str, str] | None = None
-) -> Envelope:
-    """A new envelope; fails early if ``payload`` is not JSON-serialisable."""
+    Built without a model per job: the queue and headers are validated once, their JSON is
+    shared, and each job adds only its id and its payload's JSON (a model, a JSON check and
+    a dump per job made a producer spend 20 us per job, more than the broker). A payload
+    that is not JSON (NaN and infinities included) or a message over ``max_bytes`` is
+    refused with an :class:`EnvelopeError` naming it; nothing is encoded then.
+    """
+    items = payloads if isinstance(payloads, list) else list(payloads)
     try:
-        json.dumps(payload)
-    except (TypeError, ValueError) as exc:
-        raise EnvelopeError(f"payload for queue {queue!r} is not JSON: {exc}") from exc
-    return Envelope(
-        id=new_job_id(), queue=queue, payload=payload, enqueued_at=enqueued_at,
-        headers=headers or {},
-    )
+        shared = Envelope(id="-", queue=queue, enqueued_at=enqueued_at, headers=headers or {})
+    except ValidationError as exc:
+        raise EnvelopeError(f"job for queue {queue!r}: {exc.errors()[0].get('msg')}") from exc
+    head = shared.model_dump_json(exclude={"id", "payload"})[:-1].encode() + b',"id":"'
+    ids = os.urandom(16 * len(items)).hex()
+    out = []
+    for index, payload in enumerate(items):
+        job_id = ids[32 * index : 32 * index + 32]
+        payload_json = _payload_json(queue, payload, index if len(items) > 1 else None)
+        body = b"".join((head, job_id.encode(), b'","payload":', payload_json, b"}"))
+        if len(body) > max_bytes:
+            raise EnvelopeError(
+                f"job for queue {queue!r} is {len(body)} bytes, over the "
+                f"{max_bytes}-byte limit (max_message_bytes)"
+            )
+        out.append((job_id, body))
+    return out
+
+
+def _payload_json(queue: str, payload: Any, index: int | None) -> bytes:
+    try:
+        return _dump_payload(payload).encode()
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) included
+        which = "payload" if index is None else f"payload #{index}"
+        raise EnvelopeError(f"{which} for queue {queue!r} is not JSON: {exc}") from exc
+
+
+_dump_payload = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":")
+).encode
 
 
 #: The model's compiled validator, called directly: ``Envelope.model_validate_json`` wraps

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from qcluster.backoff import compute_backoff
 from qcluster.errors import EnvelopeError
-from qcluster.job import Delivery, Job, decode_envelope, encode_envelope, make_envelope
+from qcluster.job import Delivery, Job, decode_envelope, encode_new_jobs
 from qcluster.policy import QueuePolicy
 from slot.settle import settle_batch
 
@@ -26,10 +26,35 @@ json_values = st.recursive(
 
 @given(payload=json_values, queue=st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True))
 def test_any_json_payload_survives_the_envelope(payload: Any, queue: str) -> None:
-    envelope = make_envelope(queue, payload, enqueued_at=1.5, headers={"k": "v"})
-    decoded = decode_envelope(encode_envelope(envelope))
-    assert decoded == envelope
+    [(job_id, body)] = encode_new_jobs(queue, [payload], enqueued_at=1.5, headers={"k": "v"})
+    decoded = decode_envelope(body)
+    assert (decoded.id, decoded.queue, decoded.enqueued_at, decoded.headers) == (
+        job_id, queue, 1.5, {"k": "v"})
     assert json.dumps(decoded.payload, sort_keys=True) == json.dumps(payload, sort_keys=True)
+
+
+@given(payloads=st.lists(json_values, max_size=30), bad_at=st.integers(0, 30),
+       bad=st.sampled_from([float("nan"), float("inf"), {1, 2}, b"bytes", "\ud800", object()]))
+def test_a_batch_keeps_its_order_and_one_bad_payload_refuses_it_naming_which(
+    payloads: list[Any], bad_at: int, bad: Any
+) -> None:
+    encoded = encode_new_jobs("q", payloads, enqueued_at=0.0)
+    assert [json.dumps(decode_envelope(body).payload, sort_keys=True) for _, body in encoded] == [
+        json.dumps(p, sort_keys=True) for p in payloads]
+    ids = [job_id for job_id, _ in encoded]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    position = min(bad_at, len(payloads))
+    with_bad = [*payloads[:position], bad, *payloads[position:]]
+    which = f"payload #{position}" if len(with_bad) > 1 else "payload"
+    with pytest.raises(EnvelopeError, match=f"{which} for queue 'q' is not JSON"):
+        encode_new_jobs("q", with_bad, enqueued_at=0.0)
+
+
+@pytest.mark.parametrize("queue, headers", [("", None), ("x" * 201, None), ("q", {"k": 1})])
+def test_a_bad_queue_name_or_header_is_refused(queue: str, headers: Any) -> None:
+    with pytest.raises(EnvelopeError):
+        encode_new_jobs(queue, [1], enqueued_at=0.0, headers=headers)
 
 
 @given(body=st.binary(max_size=300))
@@ -42,15 +67,15 @@ def test_arbitrary_bytes_are_refused_with_a_reason_never_crash(body: bytes) -> N
 
 @given(size=st.integers(0, 5000), limit=st.integers(64, 4000))
 def test_size_limit_is_enforced_on_both_sides(size: int, limit: int) -> None:
-    envelope = make_envelope("q", "x" * size, enqueued_at=0.0)
-    body = envelope.model_dump_json().encode()
+    [(_, body)] = encode_new_jobs("q", ["x" * size], enqueued_at=0.0)
     if len(body) > limit:
         with pytest.raises(EnvelopeError, match="limit"):
-            encode_envelope(envelope, max_bytes=limit)
+            encode_new_jobs("q", ["x" * size], enqueued_at=0.0, max_bytes=limit)
         with pytest.raises(EnvelopeError, match="oversized"):
             decode_envelope(body, max_bytes=limit)
     else:
-        assert decode_envelope(encode_envelope(envelope, max_bytes=limit), max_bytes=limit)
+        [(_, body)] = encode_new_jobs("q", ["x" * size], enqueued_at=0.0, max_bytes=limit)
+        assert decode_envelope(body, max_bytes=limit)
 
 
 @given(
