@@ -22,29 +22,31 @@ from bench.common import BROKERS, ROOT, env, python, spawn, stop, unique
 from qcluster.client import Client
 from qcluster.procfs import read_memory
 
+#: Jobs queued before a host run starts, and the depth the producer keeps it above: a
+#: queue that ran dry would measure the producer, not the host.
+HOST_BUFFER = 300_000
 
-def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, float]:
-    """Jobs/s over ``seconds`` while a producer keeps the queue full."""
+
+def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, Any]:
+    """Jobs/s over ``seconds`` while a producer keeps the queue full; the lowest depth seen
+    (0 would mean the producer was the limit) and each process's share of a core."""
     url, queue = BROKERS[backend], unique("host")
     flag = "--metrics" if metrics_on else "--no-metrics"
     stop_feeding = threading.Event()
-    published = [100_000]
+    published = [HOST_BUFFER]
 
     def feed() -> None:
         with Client(url) as producer:
             while not stop_feeding.is_set():
-                if producer.stats(queue)["ready"] < 200_000:
+                if producer.stats(queue)["ready"] < HOST_BUFFER:
                     producer.enqueue_many(queue, [{}] * 20_000)
                     published[0] += 20_000
                 else:
                     time.sleep(0.05)
 
-    def consumed() -> int:
-        stats = client.stats(queue)
-        return published[0] - stats["ready"] - stats["locked"]
-
     with Client(url) as client:
-        client.enqueue_many(queue, [{}] * 100_000)
+        for _ in range(0, HOST_BUFFER, 20_000):
+            client.enqueue_many(queue, [{}] * 20_000)
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         proc = spawn([python(), "-m", "qcluster", "master", "--app", "bench.apps",
@@ -54,11 +56,7 @@ def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, float
                      QCLUSTER_METRICS_DIR=f"/dev/shm/qcluster-bench-{os.getpid()}")
         try:
             time.sleep(3)  # slots forked and warm
-            done_before = consumed()
-            start = time.perf_counter()
-            time.sleep(seconds)
-            done = consumed() - done_before
-            return {"jobs_per_s": done / (time.perf_counter() - start)}
+            return _watch_host(client, queue, published, proc.pid, _broker_pid(client), seconds)
         finally:
             stop_feeding.set()
             stop(proc)
@@ -66,23 +64,71 @@ def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, float
             client.purge(queue)
 
 
+def _watch_host(client: Client, queue: str, published: list[int], master_pid: int,
+                broker_pid: int | None, seconds: float) -> dict[str, Any]:
+    def consumed() -> tuple[int, int]:
+        stats = client.stats(queue)
+        return published[0] - stats["ready"] - stats["locked"], stats["ready"]
+
+    master = psutil.Process(master_pid)
+    roles = {"master": [master], "slots": master.children(),
+             "producer and observer (this process)": [psutil.Process()]}
+    if broker_pid:
+        roles["broker (redis-server)"] = [psutil.Process(broker_pid)]
+    cpu_before = {role: _cpu_seconds(procs) for role, procs in roles.items()}
+    done_before, lowest = consumed()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        time.sleep(1.0)
+        lowest = min(lowest, consumed()[1])
+    elapsed = time.perf_counter() - start
+    done = consumed()[0] - done_before
+    return {
+        "jobs_per_s": done / elapsed,
+        "lowest_ready": lowest,
+        "cpu_share": {role: round((_cpu_seconds(procs) - cpu_before[role]) / elapsed, 2)
+                      for role, procs in roles.items()},
+    }
+
+
+def _broker_pid(client: Client) -> int | None:
+    """The Redis server's pid when it runs on this machine (the embedded one always does)."""
+    redis_client = getattr(client.broker, "client", None)
+    if redis_client is None:
+        return None
+    pid = int(redis_client.info("server")["process_id"])
+    return pid if psutil.pid_exists(pid) else None
+
+
 def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    """CPU seconds used so far by all their threads, in nanoseconds' precision where /proc
+    has schedstat (psutil's cpu_times counts 10 ms ticks: 1% of a 1 s measurement)."""
     total = 0.0
     for process in processes:
-        times = process.cpu_times()
-        total += times.user + times.system
+        try:
+            tasks = list(os.scandir(f"/proc/{process.pid}/task"))
+        except OSError:
+            times = process.cpu_times()
+            total += times.user + times.system
+            continue
+        for task in tasks:
+            try:
+                with open(f"{task.path}/schedstat") as stat:
+                    total += int(stat.read().split()[0]) / 1e9
+            except FileNotFoundError:  # a thread that ended: its time is gone with it
+                pass
     return total
 
 
-def slot_cpu_pair(backend: str, jobs: int = 200_000, *, on_first: bool = True
+def slot_cpu_pair(backend: str, jobs: int = 100_000, *, on_first: bool = True
                   ) -> dict[str, float]:
     """Microseconds of slot CPU per job, metrics on and off, measured side by side.
 
     Two slots (batch 100) drain ``jobs`` each from their own queue at the same time, so
     both see the same machine: on this shared 2-core host a CPU-bound loop varies by
     10-20% from one minute to the next, more than the 5% being measured. Each slot's CPU
-    is read from /proc at its first job gone and at its queue empty: start-up is not
-    counted.
+    (nanoseconds, /proc/PID/schedstat) is read at its first job gone and at its queue
+    empty: start-up is not counted.
     """
     url = BROKERS[backend]
     queues = {"on": unique("cpu-on"), "off": unique("cpu-off")}
@@ -160,7 +206,7 @@ def probe_cost(slots: int = 100) -> float:
             os.waitpid(pid, 0)
 
 
-def run(seconds: float = 60.0, rounds: int = 3) -> dict[str, Any]:
+def run(seconds: float = 60.0, rounds: int = 5) -> dict[str, Any]:
     """Metrics on for ``seconds`` and off for a third as long, on each broker; and one slot's
     CPU per job with metrics on and off, side by side, ``rounds`` times."""
     results: dict[str, Any] = {"seconds_on": seconds, "seconds_off": seconds / 3,
