@@ -80,9 +80,9 @@ def systems(jobs: int, rabbitmq_jobs: int) -> dict[str, Any]:
         for batch in (1, 10, 100):
             runs[f"qcluster slot {backend} batch {batch}"] = (
                 lambda b=backend, n=batch, d=depth: qcluster_slot(b, n, d))
-    # 1,500 jobs/s: 10,000 fill it for longer than its 5-second window.
+    # 1,500 jobs/s: 6,000 fill it for longer than its 3-second window.
     runs["kombu consumer redis, prefetch 100, ack each"] = (
-        lambda: kombu_consumer(REDIS, min(jobs, 10_000), 1, window_s=WINDOW_S))
+        lambda: kombu_consumer(REDIS, min(jobs, 6_000), 1, window_s=WINDOW_S))
     runs["kombu consumer rabbitmq, prefetch 100, ack each"] = (
         lambda: kombu_consumer(BROKERS["rabbitmq"], rabbitmq_jobs, 1))
     runs["kombu consumer rabbitmq, prefetch 100, multiple-ack per 100"] = (

@@ -207,13 +207,13 @@ def probe_cost(slots: int = 100) -> float:
 
 
 def run(seconds: float = 60.0, rounds: int = 5) -> dict[str, Any]:
-    """Metrics on for ``seconds`` and off for a third as long, on each broker; and one slot's
+    """Metrics on for ``seconds`` and off for a quarter as long, on each broker; and one slot's
     CPU per job with metrics on and off, side by side, ``rounds`` times."""
-    results: dict[str, Any] = {"seconds_on": seconds, "seconds_off": seconds / 3,
+    results: dict[str, Any] = {"seconds_on": seconds, "seconds_off": seconds / 4,
                                "metrics_cost_us_per_job": metrics_cost()}
     for backend in ("embedded", "redis"):
         on = sustained(backend, True, seconds)
-        off = sustained(backend, False, seconds / 3)
+        off = sustained(backend, False, seconds / 4)
         cpu: dict[str, list[float]] = {"on": [], "off": []}
         for round_no in range(rounds):
             pair = slot_cpu_pair(backend, on_first=round_no % 2 == 0)

@@ -160,9 +160,7 @@ class Job:
 
     @classmethod
     def from_delivery(cls, delivery: Delivery, envelope: Envelope) -> Job:
-        return cls(
-            id=delivery.id, queue=envelope.queue, payload=envelope.payload,
-            attempts=delivery.attempts, enqueued_at=envelope.enqueued_at,
-            activate_at=delivery.activate_at, headers=dict(envelope.headers),
-            delivery=delivery,
-        )
+        # Positional (it runs once per job); the envelope is thrown away after, so its
+        # headers dict is handed over, not copied.
+        return cls(delivery.id, envelope.queue, envelope.payload, delivery.attempts,
+                   envelope.enqueued_at, delivery.activate_at, envelope.headers, delivery)

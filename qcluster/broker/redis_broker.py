@@ -23,7 +23,7 @@ from redis.retry import Retry
 
 from qcluster.broker.base import Broker, DeadJob, QueueStats, Settlement
 from qcluster.errors import BrokerError, BrokerUnavailable
-from qcluster.job import Delivery
+from qcluster.job import JSON_CONTENT_TYPE, Delivery
 
 logger = logging.getLogger(__name__)
 
@@ -255,16 +255,15 @@ def _settle_take_script() -> str:
 
 
 def _deliveries(reply: list[Any]) -> list[Delivery]:
+    """The take script's reply: now, lock_until, then (id, body, attempts, activate_ms)."""
     now_s = int(reply[0]) / 1000
     lock_until = reply[1]
-    out = []
-    for i in range(2, len(reply), 4):
-        out.append(
-            Delivery(
-                id=reply[i].decode(), body=reply[i + 1], attempts=int(reply[i + 2]),
-                activate_at=float(reply[i + 3]) / 1000, taken_at=now_s, receipt=lock_until,
-            )
-        )
-    return out
+    # Positional arguments and one zip over the four columns: this runs once per job.
+    return [
+        Delivery(job_id.decode(), body, int(attempts), float(activate_ms) / 1000, now_s,
+                 JSON_CONTENT_TYPE, lock_until)
+        for job_id, body, attempts, activate_ms in zip(
+            reply[2::4], reply[3::4], reply[4::4], reply[5::4], strict=True)
+    ]
 
 
