@@ -56,6 +56,13 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def enqueue_noops(client: Any, queue: str, jobs: int, chunk: int = 20_000) -> None:
+    """Queue ``jobs`` no-op jobs with ``Client.enqueue_many``, ``chunk`` per call (so that a
+    deep fill never holds all its envelopes in memory at once)."""
+    for first in range(0, jobs, chunk):
+        client.enqueue_many(queue, [{}] * min(chunk, jobs - first))
+
+
 #: How long a slow system is watched draining: its rate is steady within a second, long
 #: before 20,000 jobs are gone (3 s were within the run-to-run noise of 5 s).
 WINDOW_S = 3.0

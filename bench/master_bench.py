@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import BROKERS, ROOT, env, python, spawn, stop, unique
+from bench.common import BROKERS, ROOT, enqueue_noops, env, python, spawn, stop, unique
 from qcluster.client import Client
 from qcluster.procfs import read_memory
 
@@ -39,14 +39,13 @@ def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, Any]:
         with Client(url) as producer:
             while not stop_feeding.is_set():
                 if producer.stats(queue)["ready"] < HOST_BUFFER:
-                    producer.enqueue_many(queue, [{}] * 20_000)
+                    enqueue_noops(producer, queue, 20_000)
                     published[0] += 20_000
                 else:
                     time.sleep(0.05)
 
     with Client(url) as client:
-        for _ in range(0, HOST_BUFFER, 20_000):
-            client.enqueue_many(queue, [{}] * 20_000)
+        enqueue_noops(client, queue, HOST_BUFFER)
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         proc = spawn([python(), "-m", "qcluster", "master", "--app", "bench.apps",
@@ -136,8 +135,7 @@ def slot_cpu_pair(backend: str, jobs: int = 100_000, *, on_first: bool = True
     os.makedirs(metrics_dir, exist_ok=True)
     with Client(url) as client:
         for queue in queues.values():
-            for first in range(0, jobs, 20_000):
-                client.enqueue_many(queue, [{}] * min(20_000, jobs - first))
+            enqueue_noops(client, queue, jobs)
         procs = {}
         for variant in (("on", "off") if on_first else ("off", "on")):
             extra = {"PROMETHEUS_MULTIPROC_DIR": metrics_dir} if variant == "on" else {}

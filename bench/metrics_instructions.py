@@ -5,7 +5,10 @@ valgrind's callgrind counts the instructions a real ``qcluster slot`` executes w
 drains no-op jobs (batch 100) from Redis, with metrics on and off. Each variant runs twice,
 with a small and a large queue, and the difference divided by the difference in jobs is
 the cost per job without start-up and import. ``PYTHONHASHSEED=0`` keeps dict and set
-layouts, and so the counts, the same from run to run.
+layouts, and so the counts, the same from run to run. The figure is an upper bound: a slot
+under callgrind runs some 50 times slower, so its metric writes, every 0.25 s of wall time,
+come some 50 times more often per job than in a real slot (and with small ``--small`` /
+``--large`` counts they dominate: use the defaults).
 
 Prints JSON and writes bench/results/metrics_instructions.json. Takes about two minutes
 (callgrind runs a program some 50 times slower).
@@ -23,7 +26,7 @@ import sys
 import tempfile
 from typing import Any
 
-from bench.common import REDIS, ROOT, env, python, unique
+from bench.common import REDIS, ROOT, enqueue_noops, env, python, unique
 from qcluster.client import Client
 
 COLLECTED = re.compile(r"Collected : (\d+)")
@@ -33,8 +36,7 @@ def instructions(jobs: int, metrics_dir: str | None) -> int:
     """Instructions a slot executes from start to exit draining ``jobs`` no-op jobs."""
     queue = unique("instr")
     with Client(REDIS) as client:
-        for first in range(0, jobs, 10_000):
-            client.enqueue_many(queue, [{}] * min(10_000, jobs - first))
+        enqueue_noops(client, queue, jobs)
     extra = {"QB_QUEUE": queue, "QB_BATCH": "100", "PYTHONHASHSEED": "0"}
     if metrics_dir:
         extra["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir

@@ -73,19 +73,22 @@ def _celery_copies_by_kombu(task: Any, numbers: range) -> None:
             task.apply_async((numbers.start,), producer=producer)
             Producer.publish = original  # type: ignore[method-assign]
             for _ in numbers[1:]:
-                task_id = str(uuid.uuid4())
-                kwargs = dict(captured["kwargs"])
-                kwargs["headers"] = {**kwargs["headers"], "id": task_id, "root_id": task_id}
-                kwargs["correlation_id"] = task_id
-                producer.publish(captured["body"], **kwargs)
+                task_id, headers = _new_task_id(captured["kwargs"]["headers"])
+                producer.publish(captured["body"], **{
+                    **captured["kwargs"], "headers": headers, "correlation_id": task_id})
     finally:
         Producer.publish = original  # type: ignore[method-assign]
 
 
+def _new_task_id(headers: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A fresh task id and a copy of a Celery message's headers carrying it."""
+    task_id = str(uuid.uuid4())
+    return task_id, {**headers, "id": task_id, "root_id": task_id}
+
+
 def _with_new_ids(message: dict[str, Any]) -> dict[str, Any]:
     """A copy of a Celery message (kombu's Redis envelope) with a new task id and tag."""
-    task_id = str(uuid.uuid4())
-    headers = {**message["headers"], "id": task_id, "root_id": task_id}
+    task_id, headers = _new_task_id(message["headers"])
     properties = {**message["properties"], "correlation_id": task_id,
                   "delivery_tag": str(uuid.uuid4())}
     return {**message, "headers": headers, "properties": properties}
