@@ -58,9 +58,12 @@ class Settlement:
     """Each with its delay in seconds."""
     dead: list[tuple[Delivery, str]] = field(default_factory=list)
     """Each with its reason."""
+    release: list[Delivery] = field(default_factory=list)
+    """Jobs given back UNSTARTED (read ahead, never handed to a handler): unlocked and
+    ready again at once, with their attempts unchanged (no attempt is charged)."""
 
     def __len__(self) -> int:
-        return len(self.ack) + len(self.postpone) + len(self.dead)
+        return len(self.ack) + len(self.postpone) + len(self.dead) + len(self.release)
 
 
 class Broker(ABC):
@@ -96,7 +99,8 @@ class Broker(ABC):
     @abstractmethod
     def settle(self, queue: str, settlement: Settlement) -> None:
         """Apply a batch's outcomes: ack (delete), postpone (unlock, activate later),
-        dead (move to the dead-letter store with the reason)."""
+        dead (move to the dead-letter store with the reason), release (unlock, ready
+        now, the take's attempt not counted)."""
 
     def settle_and_take(
         self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
@@ -111,6 +115,16 @@ class Broker(ABC):
         """
         self.settle(queue, settlement)
         return self.take(queue, max_jobs=max_jobs, lock_timeout_s=lock_timeout_s, wait_s=wait_s)
+
+    def leave(self, queue: str) -> None:
+        """This process stops taking from ``queue`` for now (a slot switching queues or
+        stopping): unstarted read-ahead deliveries are given back without counting an
+        attempt. The default does nothing (a backend that reads nothing ahead)."""
+        return None
+
+    def release(self, queue: str, deliveries: Sequence[Delivery]) -> None:
+        """Give taken but unstarted jobs back: ready at once, attempts unchanged."""
+        self.settle(queue, Settlement(release=list(deliveries)))
 
     def ack(self, queue: str, deliveries: Sequence[Delivery]) -> None:
         self.settle(queue, Settlement(ack=list(deliveries)))
