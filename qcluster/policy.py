@@ -7,11 +7,39 @@ memory is MiB.
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+DEFAULT_LOCK_TIMEOUT = 60.0
+DEFAULT_BATCH_TIMEOUT = 30.0
+#: The master kills a hung slot at its batch deadline; the kill takes time (the master's
+#: loop, the signal, a busy machine). A job's lock must outlast the deadline by this much,
+#: or a second slot could take the job while the first still runs it.
+MIN_KILL_MARGIN_S = 1.0
+KILL_MARGIN_FRACTION = 0.1
+#: A derived pair sits exactly on the rule: let float rounding not refuse it.
+FLOAT_SLACK = 1e-9
+
+
+def kill_margin(batch_timeout: float) -> float:
+    """Seconds the lock must outlast a batch deadline: max(1 s, 10% of batch_timeout)."""
+    return max(MIN_KILL_MARGIN_S, KILL_MARGIN_FRACTION * batch_timeout)
+
+
+def batch_timeout_for(lock_timeout: float) -> float:
+    """The longest batch_timeout whose deadline plus kill margin fits in ``lock_timeout``,
+    capped at the default; 0 when the lock is too short for any."""
+    longest = min(lock_timeout - MIN_KILL_MARGIN_S, lock_timeout / (1 + KILL_MARGIN_FRACTION))
+    return max(0.0, min(DEFAULT_BATCH_TIMEOUT, longest))
+
+
+def lock_timeout_for(batch_timeout: float) -> float:
+    """The default lock_timeout, or longer when ``batch_timeout`` plus its margin needs it."""
+    return max(DEFAULT_LOCK_TIMEOUT, batch_timeout + kill_margin(batch_timeout))
 
 
 class QueuePolicy(BaseModel):
@@ -27,10 +55,13 @@ class QueuePolicy(BaseModel):
     """Slots kept even when the queue is idle (so its first job starts at once)."""
     max_slots: int = Field(100, ge=0)
     """Never more slots than this for the queue, however long its backlog."""
-    lock_timeout: float = Field(60.0, gt=0)
-    """Seconds a taken job stays invisible to other slots before it comes back."""
-    batch_timeout: float = Field(30.0, gt=0)
-    """Seconds a batch may run; past it the master kills the slot (hung)."""
+    lock_timeout: float = Field(DEFAULT_LOCK_TIMEOUT, gt=0, allow_inf_nan=False)
+    """Seconds a taken job stays invisible to other slots before it comes back. Must be at
+    least batch_timeout + max(1 s, 10% of batch_timeout). Set alone, batch_timeout is
+    derived from it (the longest that fits, at most 30 s)."""
+    batch_timeout: float = Field(DEFAULT_BATCH_TIMEOUT, gt=0, allow_inf_nan=False)
+    """Seconds a batch may run; past it the master kills the slot (hung). Set alone,
+    lock_timeout is derived from it (60 s, or longer when the margin needs it)."""
     max_attempts: int = Field(5, ge=1)
     """Takes before a failing job goes to the dead-letter store."""
     on_error: Literal["retry", "lock"] = "retry"
@@ -48,14 +79,37 @@ class QueuePolicy(BaseModel):
     max_message_bytes: int = Field(1 << 20, ge=64)
     """Bigger messages are refused on publish and dead-lettered on take."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_timeouts(cls, data: Any) -> Any:
+        """Only one of lock_timeout / batch_timeout given: derive the other from it."""
+        if not isinstance(data, dict):
+            return data
+        has_lock, has_batch = "lock_timeout" in data, "batch_timeout" in data
+        value = _finite(data.get("lock_timeout" if has_lock else "batch_timeout"))
+        if has_lock == has_batch or value is None:
+            return data
+        if has_lock:
+            batch = batch_timeout_for(value)
+            if batch <= 0:
+                raise ValueError(
+                    f"lock_timeout ({value:g}s) leaves no time for a batch: it must "
+                    f"be longer than {MIN_KILL_MARGIN_S:g}s, the margin the master needs "
+                    "to kill a hung slot before its jobs' locks expire")
+            return {**data, "batch_timeout": batch}
+        return {**data, "lock_timeout": lock_timeout_for(value)}
+
     @model_validator(mode="after")
     def _check_consistency(self) -> QueuePolicy:
-        if self.lock_timeout <= self.batch_timeout:
+        margin = kill_margin(self.batch_timeout)
+        if self.lock_timeout < self.batch_timeout + margin - FLOAT_SLACK:
             raise ValueError(
-                f"lock_timeout ({self.lock_timeout:g}s) must be longer than batch_timeout "
-                f"({self.batch_timeout:g}s): the master kills a slot at its batch deadline, "
-                "and a lock that expires first would hand the same jobs to a second slot "
-                "while the first still runs them. Raise lock_timeout or lower batch_timeout."
+                f"lock_timeout ({self.lock_timeout:g}s) must be at least batch_timeout "
+                f"({self.batch_timeout:g}s) + {margin:g}s: the master kills a slot at its "
+                "batch deadline, the kill takes up to max(1s, 10% of batch_timeout), and a "
+                "lock that expires first would hand the same jobs to a second slot while the "
+                "first still runs them. Raise lock_timeout or lower batch_timeout (or set "
+                "only one of them: the other is derived)."
             )
         if self.min_slots > self.max_slots:
             raise ValueError(
@@ -63,6 +117,32 @@ class QueuePolicy(BaseModel):
             )
         return self
 
+    @property
+    def kill_margin(self) -> float:
+        """Seconds this queue's locks outlast a batch deadline at the least."""
+        return kill_margin(self.batch_timeout)
+
     def merged(self, overrides: dict[str, object]) -> QueuePolicy:
-        """This policy with ``overrides`` applied (validated again)."""
-        return QueuePolicy.model_validate({**self.model_dump(), **overrides})
+        """This policy with ``overrides`` applied (validated again). Overriding only one of
+        lock_timeout / batch_timeout derives the other when the pair would not fit."""
+        base = self.model_dump()
+        timeouts = {"lock_timeout", "batch_timeout"}
+        if len(timeouts & set(overrides)) == 1:
+            candidate = {**base, **overrides}
+            if not _timeouts_fit(candidate):
+                base.pop((timeouts - set(overrides)).pop())
+        return QueuePolicy.model_validate({**base, **overrides})
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a float when it is a finite number; None otherwise."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _timeouts_fit(values: dict[str, Any]) -> bool:
+    lock, batch = _finite(values.get("lock_timeout")), _finite(values.get("batch_timeout"))
+    if lock is None or batch is None:
+        return True  # let validation name what is wrong
+    return lock >= batch + kill_margin(batch) - FLOAT_SLACK

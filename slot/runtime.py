@@ -195,7 +195,7 @@ class SlotRunner:
         return (
             not self.should_stop
             and elapsed < PREFETCH_MAX_S
-            and elapsed + policy.batch_timeout < policy.lock_timeout
+            and elapsed + policy.batch_timeout + policy.kill_margin <= policy.lock_timeout
         )
 
     # --- one batch -----------------------------------------------------------

@@ -85,7 +85,7 @@ def test_on_error_lock_leaves_jobs_locked_until_the_lock_expires(
 ) -> None:
     app = App()
 
-    @app.queue(queue_name, on_error="lock", lock_timeout=1.0, batch_timeout=0.5)
+    @app.queue(queue_name, on_error="lock", lock_timeout=1.5, batch_timeout=0.5)
     def explode(jobs: list[Job]) -> None:
         raise RuntimeError("leave it")
 
