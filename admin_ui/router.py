@@ -8,6 +8,7 @@ keeps the scroll position.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from admin_ui.charts import Series, line_chart
+from admin_ui.display import load_bar_percent, load_text
 from admin_ui.source import ClusterSource
 from qcluster.messages import HistoryPoint, QueueView
 
@@ -41,7 +43,12 @@ def sort_queues(queues: list[QueueView], key: str, direction: str) -> list[Queue
     attribute = SORT_KEYS.get(key)
     if attribute is None:
         return sorted(queues, key=lambda q: (-q.priority, q.name))
-    return sorted(queues, key=lambda q: getattr(q, attribute), reverse=direction == "desc")
+
+    def value(queue: QueueView) -> Any:
+        found = getattr(queue, attribute)
+        return math.inf if found is None else found  # an undefined load: work, no slot
+
+    return sorted(queues, key=value, reverse=direction == "desc")
 
 
 def age(seconds: float) -> str:
@@ -63,7 +70,8 @@ def history_charts(points: list[HistoryPoint]) -> list[str]:
     now = points[-1].at if points else 0.0
 
     def line(label: str, color: str, attribute: str, scale: float = 1.0) -> Series:
-        return Series(label, color, [(p.at - now, getattr(p, attribute) * scale) for p in points])
+        return Series(label, color, [(p.at - now, getattr(p, attribute) * scale)
+                                     for p in points if getattr(p, attribute) is not None])
 
     return [
         line_chart("Backlog (ready jobs)", [line("backlog", "#c0392b", "backlog")]),
@@ -77,7 +85,8 @@ def history_charts(points: list[HistoryPoint]) -> list[str]:
 
 
 def _context(request: Request, **values: Any) -> dict[str, Any]:
-    return {"request": request, "refresh_s": REFRESH_S, "age": age, "mib": mib, **values}
+    return {"request": request, "refresh_s": REFRESH_S, "age": age, "mib": mib,
+            "load_text": load_text, "load_bar": load_bar_percent, **values}
 
 
 def build_router(source: ClusterSource) -> APIRouter:

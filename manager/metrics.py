@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,8 @@ class ManagerCollector:
         for name, (doc, attribute) in per_queue.items():
             family = GaugeMetricFamily(name, doc, labels=["queue"])
             for queue in view.queues:
-                family.add_metric([queue.name], float(getattr(queue, attribute)))
+                value = getattr(queue, attribute)  # None: undefined (a load with no slot)
+                family.add_metric([queue.name], math.nan if value is None else float(value))
             yield family
         up = GaugeMetricFamily("qcluster_host_up", "1 while the host reports.", labels=["host"])
         for host in view.hosts:

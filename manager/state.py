@@ -7,6 +7,7 @@ Time is passed in (``now`` = wall-clock seconds), so rounds can be replayed in t
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class Sample:
     processed: int
     busy_s: float
     alive_s: float
+    covers_s: float
+    """The report interval these counters were counted over (they end at ``at``)."""
 
 
 @dataclass
@@ -82,7 +85,8 @@ class ClusterState:
             for queue, counted in report.counters.items():
                 track = self.tracks.setdefault(queue, QueueTrack())
                 c = counted.counters
-                track.samples.append(Sample(now, c.processed, c.busy_s, counted.alive_s))
+                track.samples.append(Sample(now, c.processed, c.busy_s, counted.alive_s,
+                                            report.interval_s))
             for queue in report.queues:
                 self.tracks.setdefault(queue, QueueTrack())
             if report.host in self.drained:
@@ -182,13 +186,23 @@ class ClusterState:
             track.history.append(HistoryPoint(
                 at=now, backlog=window.backlog, slots_planned=queue_plan.planned,
                 slots_current=sum(row.get(name, 0) for row in running.values()),
-                load=_finite(queue_plan.load), rate_out=self._rate_out(window),
+                load=_defined(queue_plan.load), rate_out=self._rate_out(name, now),
             ))
             while track.history and track.history[0].at < now - HISTORY_S:
                 track.history.popleft()
 
-    def _rate_out(self, window: QueueWindow) -> float:
-        return window.processed / self.cfg.window_s
+    def _rate_out(self, queue: str, now: float) -> float:
+        """Jobs/s processed over the time the held samples cover, not over the whole window:
+        a flat rate reads flat from the first report instead of ramping up for a window."""
+        self.window(queue, now)  # drops samples older than the window
+        samples = self.tracks.get(queue, QueueTrack()).samples
+        if not samples:
+            return 0.0
+        # From the start of the oldest counted interval to the newest report, shared by all
+        # hosts: a host that stopped reporting keeps its jobs but not its own shorter span,
+        # so its share fades as the others report (as it would over a full window).
+        covered = max(s.at for s in samples) - min(s.at - s.covers_s for s in samples)
+        return sum(s.processed for s in samples) / covered if covered > 0 else 0.0
 
     # --- views -------------------------------------------------------------------
 
@@ -207,14 +221,13 @@ class ClusterState:
 
     def _queue_view(self, name: str, policy: QueuePolicy,
                     running: dict[str, dict[str, int]], now: float) -> QueueView:
-        window = self.window(name, now)
         stats = self.stats.get(name, QueueStats())
         queue_plan = self.plans.get(name)
         current = sum(row.get(name, 0) for row in running.values())
         track = self.tracks.get(name, QueueTrack())
         recent = [p for p in track.history if p.at >= now - self.cfg.window_s]
         avg = sum(p.slots_current for p in recent) / len(recent) if recent else float(current)
-        rate_out = self._rate_out(window)
+        rate_out = self._rate_out(name, now)
         first_backlog = recent[0].backlog if recent else stats.ready
         span = (now - recent[0].at) if len(recent) > 1 else 0.0
         rate_in = rate_out + ((stats.ready - first_backlog) / span if span > 0 else 0.0)
@@ -222,7 +235,7 @@ class ClusterState:
             name=name, priority=policy.priority, min_slots=policy.min_slots,
             max_slots=policy.max_slots, slots_current=current,
             slots_planned=queue_plan.planned if queue_plan else current, slots_avg=avg,
-            load=_finite(queue_plan.load if queue_plan else 0.0),
+            load=_defined(queue_plan.load) if queue_plan else 0.0,
             about_to_resize=queue_plan is not None and queue_plan.needed != current,
             backlog=stats.ready, locked=stats.locked, delayed=stats.delayed, dead=stats.dead,
             rate_in=max(0.0, rate_in), rate_out=rate_out,
@@ -257,5 +270,7 @@ def running_row(report: HostReport) -> dict[str, int]:
     return row
 
 
-def _finite(value: float) -> float:
-    return value if value != float("inf") else 99.99
+def _defined(load: float) -> float | None:
+    """The load as views show it: None (JSON null) instead of infinity, which is what the
+    planner computes when work waits and no slot ran: a ratio with no slot time under it."""
+    return load if math.isfinite(load) else None

@@ -51,9 +51,11 @@ def _summary(admin: str) -> str:
         view = httpx.get(f"{admin}api/v1/cluster", timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return "manager starting..."
+    from admin_ui.display import load_text
+
     parts = [
         f"{q['name']} {q['slots_current']}/{q['slots_planned']} slots, "
-        f"backlog {q['backlog']}, load {q['load'] * 100:.0f}%"
+        f"backlog {q['backlog']}, load {load_text(q['load'])}"
         for q in view["queues"]
     ]
     return " | ".join(parts) + f" | hosts {sum(h['alive'] for h in view['hosts'])}"

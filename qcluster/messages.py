@@ -181,8 +181,9 @@ class QueueView(_Msg):
     slots_planned: int
     slots_avg: float
     """Average running slots over the planning window (below min when slots restart often)."""
-    load: float
-    """(busy time + estimated backlog time) / slot time over the window; 1.0 = 100%."""
+    load: float | None
+    """(busy time + estimated backlog time) / slot time over the window; 1.0 = 100%.
+    None when undefined: work waits and no slot ran in the window."""
     about_to_resize: bool
     """The load is outside the queue's tolerance band: the next round changes its slots."""
     backlog: int
@@ -237,5 +238,6 @@ class HistoryPoint(_Msg):
     backlog: int
     slots_planned: int
     slots_current: int
-    load: float
+    load: float | None
+    """As QueueView.load; None when undefined."""
     rate_out: float

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
 
 from admin_ui.charts import Series, line_chart
+from admin_ui.display import load_bar_percent, load_text
 from admin_ui.router import install, sort_queues
 from qcluster.broker import open_broker
 from qcluster.client import Client
@@ -75,3 +79,33 @@ def test_chart_is_svg_and_escapes_labels() -> None:
     svg = line_chart("<t>", [Series("a&b", "#000", [(0.0, 1.0), (60.0, 3.0)])])
     assert svg.startswith("<svg") and "&lt;t&gt;" in svg and "a&amp;b" in svg
     assert "no data yet" in line_chart("empty", [Series("x", "#000", [])])
+
+
+def test_load_reads_as_the_real_number_or_a_dash(client: tuple[TestClient, FakeSource]) -> None:
+    """Not the clipped '9999%' the console and page used to show for a queue with no slot."""
+    http, source = client
+    source.queues += [queue_view("burst", load=None, backlog=40_000, slots_current=0),
+                      queue_view("far", load=32.0, backlog=9_000)]
+    page = http.get("/").text
+    row = page[page.index('data-queue="burst"'):page.index('data-queue="far"')]
+    assert '<span class="load-value">—</span>' in row and "no slot ran" in row
+    assert '<span class="load-value">32x</span>' in page and "9999" not in page
+    assert http.get("/?sort=load&dir=desc").status_code == 200  # None sorts, as the highest
+    order = [q.name for q in sort_queues(source.queues, "load", "desc")]
+    assert order[:2] == ["burst", "far"]
+    assert "load <span class=\"load-value\">—</span>" in http.get("/queues/burst").text
+
+
+@given(st.floats(min_value=0.0, max_value=1e6))
+def test_load_text_is_never_clipped(load: float) -> None:
+    text = load_text(load)
+    if text.endswith("%"):
+        assert load < 10 and abs(float(text[:-1]) - load * 100) <= 0.5
+    else:
+        assert load >= 9.5 and abs(float(text[:-1].replace(",", "")) - load) <= 0.5
+
+
+def test_undefined_load_is_a_dash_and_a_full_bar() -> None:
+    assert load_text(None) == load_text(math.inf) == "—"
+    assert load_bar_percent(None) == 100.0 and load_bar_percent(0.42) == 42.0
+    assert load_bar_percent(3.2) == 100.0 and load_text(3.2) == "320%"

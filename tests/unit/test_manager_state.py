@@ -7,6 +7,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from manager.state import ClusterState
 from qcluster.broker.base import QueueStats
 from qcluster.config import load_settings
@@ -42,12 +46,12 @@ def report(host: str, slots: dict[str, int], *, capacity: int = 6, busy: float =
                       counters=counters)
 
 
-def state(toml: str = "") -> ClusterState:
+def state(toml: str = "", window_s: float = 10.0) -> ClusterState:
     """A fresh manager state configured by a real qcluster.toml."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "qcluster.toml"
-        path.write_text(
-            "[manager]\ninterval_s = 1.0\nwindow_s = 10.0\ndecisions_kept = 10\n" + toml)
+        path.write_text(f"[manager]\ninterval_s = 1.0\nwindow_s = {window_s}\n"
+                        "decisions_kept = 10\n" + toml)
         return ClusterState(load_settings(path))
 
 
@@ -141,3 +145,40 @@ def test_history_records_a_point_per_round() -> None:
         s.plan_round(now=t + 0.5)
     points = s.history("noop")
     assert len(points) == 5 and points[-1].slots_planned == 1
+
+
+def test_rate_out_is_the_flat_rate_from_the_first_seconds() -> None:
+    """A flat 50 jobs/s for 10 s of a 60 s window reads 50/s, not a ramp from 8/s."""
+    s = state(window_s=60.0)
+    for t in range(1, 11):  # one report per second, 50 jobs done in each
+        s.receive(report("a", {"resize": 1}, processed=50, busy=0.5,
+                         queues={"resize": make_policy()}), now=float(t))
+        s.plan_round(now=t + 0.5)
+    (queue,) = [q for q in s.view(now=10.5).queues if q.name == "resize"]
+    assert queue.rate_out == 50.0 and queue.rate_in == 50.0
+    assert [p.rate_out for p in s.history("resize")] == [50.0] * 10
+
+
+def test_load_with_work_waiting_and_no_slot_is_undefined_not_a_clipped_number() -> None:
+    """The console showed 'load 9999%': infinity clipped to 99.99. The views say null."""
+    s = state()
+    s.receive(report("a", {}, queues={"resize": make_policy(max_slots=0)}), now=0.0)
+    s.set_stats({"resize": QueueStats(ready=500)})
+    s.plan_round(now=0.5)
+    (queue,) = s.view(now=0.5).queues
+    assert queue.load is None and s.history("resize")[-1].load is None
+    assert '"load":null' in s.view(now=0.5).model_dump_json()
+
+
+@settings(max_examples=60, deadline=None)
+@given(per_s=st.integers(0, 5_000), interval_s=st.sampled_from([0.5, 1.0, 2.0, 5.0]),
+       reports=st.integers(1, 80))
+def test_a_flat_rate_reads_flat_at_any_age_of_the_window(per_s: int, interval_s: float,
+                                                          reports: int) -> None:
+    s = state(window_s=60.0)
+    for k in range(1, reports + 1):
+        body = report("a", {"resize": 1}, processed=round(per_s * interval_s),
+                      queues={"resize": make_policy()})
+        s.receive(body.model_copy(update={"interval_s": interval_s}), now=k * interval_s)
+    (queue,) = s.view(now=reports * interval_s).queues
+    assert queue.rate_out == pytest.approx(round(per_s * interval_s) / interval_s)
