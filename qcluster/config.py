@@ -98,6 +98,7 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"[queues.{name}] has unknown key(s) {unknown}; allowed: {sorted(allowed)}"
                 )
+            _check_overrides(name, overrides)
         return value
 
     _toml_file: Path | None = None
@@ -115,6 +116,23 @@ class Settings(BaseSettings):
         if cls._toml_file is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=cls._toml_file))
         return tuple(sources)
+
+
+def _check_overrides(queue: str, overrides: dict[str, Any]) -> None:
+    """Validate ``[queues.NAME]`` against the policy rules now, not at the first planning
+    round: a pair such as lock_timeout 5 / batch_timeout 10 is refused at start."""
+    try:
+        QueuePolicy.model_validate(overrides)
+    except ValidationError as exc:
+        reasons = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error.get("loc", ())) or "/".join(sorted(overrides))
+            reasons.append(f"queues.{queue}.{where}: {_reason(error.get('msg', ''))}")
+        raise ValueError("; ".join(reasons)) from None
+
+
+def _reason(message: str) -> str:
+    return message.removeprefix("Value error, ")
 
 
 def resolve_config_path(explicit: str | Path | None) -> Path | None:
@@ -161,5 +179,5 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     lines = [f"invalid configuration in {where}:"]
     for error in exc.errors():
         field = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
-        lines.append(f"  {field}: {error.get('msg')} (got {error.get('input')!r})")
+        lines.append(f"  {field}: {_reason(error.get('msg', ''))} (got {error.get('input')!r})")
     return "\n".join(lines)
