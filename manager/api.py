@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse, Response
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from manager.recorder import Recorder
 from manager.state import ClusterState
 from qcluster.broker.base import Broker, DeadJob
 from qcluster.errors import BrokerError
@@ -42,6 +43,8 @@ class ManagerService:
         self.clock = clock
         self.broker_lock = threading.Lock()
         self.stopped = threading.Event()
+        self.recorder: Recorder | None = None
+        """Set by ``--record``: writes what each round observed."""
 
     # ClusterSource
     def cluster_view(self) -> ClusterView:
@@ -77,8 +80,11 @@ class ManagerService:
     def round(self) -> None:
         started = time.perf_counter()
         self.refresh_stats()
-        for decision in self.state.plan_round(self.clock()):
+        now = self.clock()
+        for decision in self.state.plan_round(now):
             logger.info("decision: %s", decision.reason)
+        if self.recorder is not None:
+            self.recorder.record(self.state, now)
         self.last_round_s = time.perf_counter() - started
 
     def loop(self) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -30,11 +32,16 @@ def manager(
         float | None, typer.Option("--interval", help="Seconds between planning rounds")
     ] = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+    record: Annotated[
+        Path | None, typer.Option("--record", help="Append what each planning round observed "
+                                  "to FILE (JSON Lines; qcluster simulate --trace FILE)")
+    ] = None,
 ) -> None:
     """Plan slots per queue and host from backlog and throughput; serve the API and admin UI."""
     import uvicorn
 
     from manager.api import ManagerService, create_app
+    from manager.recorder import recorder_for
     from manager.state import ClusterState
 
     setup_logging(log_level)
@@ -45,12 +52,15 @@ def manager(
             overrides["listen"] = listen
         if interval:
             overrides["interval_s"] = interval
+        if record:
+            overrides["record"] = record
         settings = settings.model_copy(
             update={"manager": settings.manager.model_copy(update=overrides)})
         broker_conn = open_configured_broker(settings)
         host, _, port = settings.manager.listen.rpartition(":")
         service = ManagerService(ClusterState(settings), broker_conn, settings.token)
         app = create_app(service, loopback=host in LOOPBACK)
+        service.recorder = recorder_for(settings.manager, started_at=time.time())
     service.start()
     logger.info("manager on http://%s/ (admin UI), broker %s", settings.manager.listen,
                 broker_conn.safe_url)
@@ -58,4 +68,6 @@ def manager(
         uvicorn.run(app, host=host or "127.0.0.1", port=int(port), log_level="warning")
     finally:
         service.stopped.set()
+        if service.recorder is not None:
+            service.recorder.close()
         broker_conn.close()

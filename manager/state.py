@@ -58,6 +58,26 @@ class QueueTrack:
     backlog_seen: deque[tuple[float, int]] = field(default_factory=deque)
 
 
+@dataclass(frozen=True)
+class QueueObservation:
+    """One queue between two planning rounds, as the recorder writes it."""
+
+    processed: int
+    busy_s: float
+    backlog: int
+    running: int
+
+
+@dataclass(frozen=True)
+class RoundObservation:
+    """What the manager knew at one planning round (``manager.recorder`` writes it down)."""
+
+    hosts: dict[str, tuple[int, bool]]
+    """host -> (capacity in slots, alive)."""
+    queues: dict[str, QueueObservation]
+    policies: dict[str, QueuePolicy]
+
+
 class ClusterState:
     """Thread-safe: the HTTP handlers and the planning loop share one instance."""
 
@@ -203,6 +223,31 @@ class ClusterState:
         # so its share fades as the others report (as it would over a full window).
         covered = max(s.at for s in samples) - min(s.at - s.covers_s for s in samples)
         return sum(s.processed for s in samples) / covered if covered > 0 else 0.0
+
+    def observe(self, since: float, now: float) -> RoundObservation:
+        """Hosts, policies and per-queue counts from reports received in ``(since, now]``.
+
+        ``since`` must lie within the window (older samples are gone): the recorder passes
+        the previous round's time.
+        """
+        with self.lock:
+            alive = self.alive_hosts(now)
+            running = self.running(alive)
+            policies = self.policies()
+            queues = {}
+            for name in sorted(policies):
+                self.window(name, now)  # drops samples older than the window
+                held = [s for s in self.tracks.get(name, QueueTrack()).samples
+                        if since < s.at <= now]
+                queues[name] = QueueObservation(
+                    processed=sum(s.processed for s in held),
+                    busy_s=sum(s.busy_s for s in held),
+                    backlog=self.stats.get(name, QueueStats()).ready,
+                    running=sum(row.get(name, 0) for row in running.values()),
+                )
+            hosts = {name: (entry.report.capacity_slots, name in alive)
+                     for name, entry in sorted(self.hosts.items())}
+            return RoundObservation(hosts=hosts, queues=queues, policies=policies)
 
     # --- views -------------------------------------------------------------------
 

@@ -64,6 +64,11 @@ class ManagerSettings(BaseModel):
     """A host that missed this many report intervals is dead."""
     target_utilization: float = Field(0.8, gt=0, le=1)
     decisions_kept: int = Field(500, ge=10)
+    record: Path | None = None
+    """Append what the manager observes each round to this file (JSON Lines, a trace
+    ``qcluster simulate`` replays; see docs/manager.md)."""
+    record_max_mb: float = Field(1024.0, gt=0)
+    """A recording past this size moves to FILE.1 (replacing an older one); a new one starts."""
 
 
 class Settings(BaseSettings):

@@ -1,0 +1,200 @@
+"""``qcluster manager --record FILE``: what the manager observed, one JSON line per round.
+
+The file is a trace ``qcluster simulate --trace FILE`` replays, so a real day can be run
+again against changed policies. Format (JSON Lines, version 1):
+
+* a header: ``{"type": "header", "version": 1, "started_at": unix s, "interval_s": s,
+  "queues": {NAME: QueuePolicy fields}, "hosts": {NAME: {"slots": capacity}}}``;
+* then one line per planning round: ``{"type": "round", "t_s": s since started_at,
+  "hosts": {NAME: {"slots": capacity, "alive": bool}}, "queues": {NAME: {"arrived",
+  "done", "backlog", "mean_job_s", "slots"}}}``, plus ``"policies": {NAME: ...}`` for a
+  queue whose policy the file has not carried yet (first seen, or changed).
+
+Every header starts a self-contained recording: a restarted manager appends a new
+header to the same file, and so does the recorder after it rotates a full file to
+``FILE.1``. A round's ``arrived`` is estimated as ``done + backlog - previous backlog``
+(never below 0); in a recording's first round the backlog found counts as arrived, so a
+replay starts with it. Each line is flushed as written: a crash loses at most the round
+being written, and a reader skips a torn last line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from manager.state import ClusterState, RoundObservation
+from qcluster.config import ManagerSettings
+from qcluster.errors import ConfigError
+from qcluster.policy import QueuePolicy
+
+logger = logging.getLogger(__name__)
+
+class _Line(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HeaderHost(_Line):
+    slots: int = Field(ge=0)
+    """Capacity in slots."""
+
+
+class RoundHost(_Line):
+    slots: int = Field(ge=0)
+    """Capacity in slots."""
+    alive: bool
+
+
+class RoundQueue(_Line):
+    arrived: int = Field(ge=0)
+    """Jobs enqueued since the previous round, estimated as done + backlog change."""
+    done: int = Field(ge=0)
+    """Jobs processed since the previous round (done, retried or failed)."""
+    backlog: int = Field(ge=0)
+    """Ready jobs at this round."""
+    mean_job_s: float | None = Field(ge=0)
+    """Mean handler seconds of the jobs done since the previous round; None when none."""
+    slots: int = Field(ge=0)
+    """Slots running for the queue."""
+
+
+class RecordHeader(_Line):
+    type: Literal["header"] = "header"
+    version: Literal[1] = 1
+    started_at: float
+    """Unix seconds; every round's t_s counts from here."""
+    interval_s: float = Field(gt=0)
+    """The manager's planning interval."""
+    queues: dict[str, QueuePolicy]
+    hosts: dict[str, HeaderHost]
+
+
+class RecordRound(_Line):
+    type: Literal["round"] = "round"
+    t_s: float
+    hosts: dict[str, RoundHost]
+    queues: dict[str, RoundQueue]
+    policies: dict[str, QueuePolicy] = Field(default_factory=dict)
+    """Policies of queues the file has not described yet (written only when not empty)."""
+
+
+RecordLine = Annotated[RecordHeader | RecordRound, Field(discriminator="type")]
+RECORD_LINE: TypeAdapter[RecordLine] = TypeAdapter(RecordLine)
+
+
+def read_recording(path: Path) -> Iterator[RecordLine]:
+    """The lines of a recording, validated; a torn last line (a crash mid-write) is skipped."""
+    content = path.read_text(encoding="utf-8")
+    lines = content.splitlines()
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            yield RECORD_LINE.validate_json(text)
+        except ValidationError:
+            if number == len(lines) and not content.endswith("\n"):
+                return  # written up to a crash: the round is lost, the file is not
+            raise
+
+
+class Recorder:
+    """Appends a round line per planning round to ``path``; not thread-safe (one loop)."""
+
+    def __init__(self, path: Path, interval_s: float, started_at: float,
+                 max_bytes: int = 1 << 30) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self.max_bytes = max_bytes
+        self._file = self._open()
+        self._last_round_at = -float("inf")  # a new manager: every sample it holds is new
+        self._restart(started_at)
+
+    def _open(self) -> TextIO:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self.path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot record to {str(self.path)!r}: {exc}") from exc
+
+    def _restart(self, started_at: float) -> None:
+        """Begin a self-contained recording: the next round writes a header first."""
+        self.started_at = started_at
+        self._backlogs: dict[str, int] = {}
+        self._described: dict[str, QueuePolicy] = {}
+        self._header_written = False
+
+    def record(self, state: ClusterState, now: float) -> None:
+        """Write this round; a failing disk is logged, never a reason to stop planning."""
+        observation = state.observe(self._last_round_at, now)
+        self._last_round_at = now
+        try:
+            self._write_round(observation, now)
+        except OSError as exc:
+            logger.warning("recording to %s failed: %s", self.path, exc)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _write_round(self, observation: RoundObservation, now: float) -> None:
+        if not self._header_written:
+            self._write(self._header(observation))
+            self._header_written = True
+        self._write(self._round(observation, now))
+        if self._file.tell() >= self.max_bytes:
+            self._rotate(now)
+
+    def _header(self, observation: RoundObservation) -> RecordHeader:
+        self._described = dict(observation.policies)
+        return RecordHeader(
+            started_at=self.started_at, interval_s=self.interval_s,
+            queues=observation.policies,
+            hosts={name: HeaderHost(slots=capacity)
+                   for name, (capacity, alive) in observation.hosts.items() if alive},
+        )
+
+    def _round(self, observation: RoundObservation, now: float) -> RecordRound:
+        queues = {}
+        for name, seen in observation.queues.items():
+            before = self._backlogs.get(name, 0)
+            queues[name] = RoundQueue(
+                arrived=max(0, seen.processed + seen.backlog - before), done=seen.processed,
+                backlog=seen.backlog, slots=seen.running,
+                mean_job_s=seen.busy_s / seen.processed if seen.processed else None,
+            )
+            self._backlogs[name] = seen.backlog
+        new_policies = {name: policy for name, policy in observation.policies.items()
+                        if self._described.get(name) != policy}
+        self._described.update(new_policies)
+        return RecordRound(
+            t_s=now - self.started_at, queues=queues, policies=new_policies,
+            hosts={name: RoundHost(slots=capacity, alive=alive)
+                   for name, (capacity, alive) in observation.hosts.items()},
+        )
+
+    def _write(self, line: RecordHeader | RecordRound) -> None:
+        exclude: Any = {"policies"} if isinstance(line, RecordRound) and not line.policies else None
+        self._file.write(line.model_dump_json(exclude=exclude) + "\n")
+        self._file.flush()  # a crash loses at most the line being written
+
+    def _rotate(self, now: float) -> None:
+        """Keep the file bounded: it becomes FILE.1 (replacing an older one), a new one starts."""
+        self._file.close()
+        os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        self._file = self._open()
+        self._restart(now)
+        logger.info("recording %s passed %d bytes: moved to %s.1", self.path, self.max_bytes,
+                    self.path.name)
+
+
+def recorder_for(settings: ManagerSettings, started_at: float) -> Recorder | None:
+    """The recorder ``[manager] record`` / ``--record`` asks for, or None."""
+    if settings.record is None:
+        return None
+    logger.info("recording each planning round to %s", settings.record)
+    return Recorder(settings.record, settings.interval_s, started_at,
+                    max_bytes=int(settings.record_max_mb * (1 << 20)))
