@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import re
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +17,23 @@ from qcluster.cli import BrokerOpt, ConfigOpt, settings_for, setup_logging, user
 from qcluster.errors import ConfigError
 
 logger = logging.getLogger("qcluster.master")
+#: The files prometheus_client's multiprocess mode writes (``TYPE_IDENTITY.db``): a slot's
+#: identity is ``slot<N>``, any other process's its PID.
+METRIC_FILE = re.compile(r"(counter|histogram|summary|gauge_[a-z]+)_(slot\d+|\d+)\.db")
+
+
+def clear_metric_files(directory: Path) -> int:
+    """Remove the metric files a previous master's slots left, and nothing else: the
+    directory may be shared with the user's own files. Returns how many were removed."""
+    removed = 0
+    if not directory.is_dir():
+        return removed
+    for path in directory.iterdir():
+        if METRIC_FILE.fullmatch(path.name) and path.is_file() and not path.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def parse_slots(text: str) -> dict[str, int]:
@@ -76,7 +95,8 @@ def master(
         name = host_name or socket.gethostname()
         if metrics_on:
             directory = settings.metrics_dir or metrics.default_metrics_dir(name)
-            metrics.prepare_multiprocess_dir(Path(directory), wipe=True)
+            clear_metric_files(Path(directory))
+            metrics.prepare_multiprocess_dir(Path(directory), wipe=False)
         from qcluster.app import load_app
         from slot.runtime import run_slot
 

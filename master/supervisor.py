@@ -131,6 +131,7 @@ class Supervisor:
         self._wake_r, self._wake_w = socket.socketpair()
         self._capacity = 0
         self._next_probe = 0.0
+        self._hangups = 0
 
     # --- the desired row -------------------------------------------------------
 
@@ -159,7 +160,7 @@ class Supervisor:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         next_tick = 0.0
         while True:
-            for key, _ in self._selector.select(SELECT_TIMEOUT_S):
+            for key, _ in self._selector.select(self._select_timeout(time.monotonic())):
                 if key.fileobj is self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         self._wake_r.recv(4096)
@@ -167,11 +168,33 @@ class Supervisor:
                     self._on_messages(key.data)
             self._reap()
             now = time.monotonic()
+            self._kill_overdue(now)
+            self._log_hangups()
             if now >= next_tick:
                 next_tick = now + TICK_S
                 self.tick(now)
             if self.stopping and (not self.slots or self.forced):
                 return self._finish()
+
+    def _select_timeout(self, now: float) -> float:
+        """Wake at the nearest batch deadline, not on the next tick: a hung slot must be
+        killed before its jobs' locks expire (the policy's kill margin is all it has)."""
+        deadlines = [s.deadline for s in self.slots.values()
+                     if s.deadline is not None and not s.kill_reason]
+        if not deadlines:
+            return SELECT_TIMEOUT_S
+        return max(0.0, min(SELECT_TIMEOUT_S, min(deadlines) - now))
+
+    def _kill_overdue(self, now: float) -> None:
+        for slot in list(self.slots.values()):
+            if slot.deadline is not None and now >= slot.deadline:
+                self._kill(slot, "hung")
+
+    def _log_hangups(self) -> None:
+        if self._hangups:
+            logger.warning("SIGHUP received (%d): ignored, there is no reload yet; "
+                           "SIGTERM stops the master", self._hangups)
+            self._hangups = 0
 
     def tick(self, now: float) -> None:
         self._probe(now)
@@ -187,6 +210,11 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the selector
+        signal.signal(signal.SIGHUP, self._on_hangup)
+
+    def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
+        """Only counted here (the loop logs it): a handler must not take the log's lock."""
+        self._hangups += 1
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stopping:
@@ -246,6 +274,7 @@ class Supervisor:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal stops no batch
         self._selector.close()
         for other in self.slots.values():
             other.channel.sock.close()

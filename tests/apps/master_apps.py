@@ -65,3 +65,37 @@ def high(jobs: list[Job]) -> None:
 def low(jobs: list[Job]) -> None:
     time.sleep(0.02 * len(jobs))
     _record(jobs)
+
+
+@app.queue(f"{PREFIX}-stuck", batch_size=1, lock_timeout=1.5, max_attempts=10)
+def stuck(jobs: list[Job]) -> None:
+    """Only lock_timeout set: batch_timeout is derived (0.5 s, the longest whose deadline
+    plus the master's kill margin fits in the lock).
+
+    The first run of a job hangs (the master kills it at its deadline), saying it is
+    alive every 5 ms; later runs finish. Times are time.monotonic(), system-wide on Linux:
+    the test compares a killed run's last sign of life with the next run's start."""
+    (job,) = jobs
+    n = job.payload["n"]
+    first = _first_run(n)
+    _note(f"start {n} {time.monotonic()!r}\n")
+    while first:
+        _note(f"alive {n} {time.monotonic()!r}\n")
+        time.sleep(0.005)
+    _record(jobs)
+
+
+def _first_run(n: int) -> bool:
+    try:
+        os.close(os.open(f"{LOG_DIR}/seen-{n}", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _note(line: str) -> None:
+    fd = os.open(f"{LOG_DIR}/runs-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
