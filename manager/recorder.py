@@ -12,9 +12,13 @@ again against changed policies. Format (JSON Lines, version 1):
 
 Every header starts a self-contained recording: a restarted manager appends a new
 header to the same file, and so does the recorder after it rotates a full file to
-``FILE.1``. A round's ``arrived`` is estimated as ``done + backlog - previous backlog``
-(never below 0); in a recording's first round the backlog found counts as arrived, so a
-replay starts with it. Each line is flushed as written: a crash loses at most the round
+``FILE.1``; rounds before any host reported are not written. A round's ``arrived`` is
+``done + backlog change``, counted on the jobs in the broker (ready + locked: a job taken
+between two rounds was still enqueued) and never below 0: a fall the jobs done do not
+explain yet (done jobs reach the manager with the next report) is carried to the next
+rounds instead of being lost, so over a recording the arrivals add up to the jobs done plus
+the jobs left. In a recording's first round the jobs found count as arrived, so a replay
+starts with them. Each line is flushed as written: a crash loses at most the round
 being written, and a reader skips a torn last line.
 """
 
@@ -28,7 +32,7 @@ from typing import Annotated, Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from manager.state import ClusterState, RoundObservation
+from manager.state import ClusterState, QueueObservation, RoundObservation
 from qcluster.config import ManagerSettings
 from qcluster.errors import ConfigError
 from qcluster.policy import QueuePolicy
@@ -124,7 +128,8 @@ class Recorder:
     def _restart(self, started_at: float) -> None:
         """Begin a self-contained recording: the next round writes a header first."""
         self.started_at = started_at
-        self._backlogs: dict[str, int] = {}
+        self._done_total: dict[str, int] = {}
+        self._arrived_total: dict[str, int] = {}
         self._described: dict[str, QueuePolicy] = {}
         self._header_written = False
 
@@ -141,6 +146,8 @@ class Recorder:
         self._file.close()
 
     def _write_round(self, observation: RoundObservation, now: float) -> None:
+        if not self._header_written and not observation.hosts:
+            return  # nothing reported yet: the header waits for the policies masters send
         if not self._header_written:
             self._write(self._header(observation))
             self._header_written = True
@@ -160,13 +167,11 @@ class Recorder:
     def _round(self, observation: RoundObservation, now: float) -> RecordRound:
         queues = {}
         for name, seen in observation.queues.items():
-            before = self._backlogs.get(name, 0)
             queues[name] = RoundQueue(
-                arrived=max(0, seen.processed + seen.backlog - before), done=seen.processed,
+                arrived=self._arrivals(name, seen), done=seen.processed,
                 backlog=seen.backlog, slots=seen.running,
-                mean_job_s=seen.busy_s / seen.processed if seen.processed else None,
+                mean_job_s=_short(seen.busy_s / seen.processed) if seen.processed else None,
             )
-            self._backlogs[name] = seen.backlog
         new_policies = {name: policy for name, policy in observation.policies.items()
                         if self._described.get(name) != policy}
         self._described.update(new_policies)
@@ -175,6 +180,14 @@ class Recorder:
             hosts={name: RoundHost(slots=capacity, alive=alive)
                    for name, (capacity, alive) in observation.hosts.items()},
         )
+
+    def _arrivals(self, name: str, seen: QueueObservation) -> int:
+        """Jobs enqueued since the last round: every job done so far plus every job in the
+        broker now, less the arrivals already written (so a shortfall is carried, not lost)."""
+        done = self._done_total[name] = self._done_total.get(name, 0) + seen.processed
+        arrived = max(0, done + seen.backlog + seen.locked - self._arrived_total.get(name, 0))
+        self._arrived_total[name] = self._arrived_total.get(name, 0) + arrived
+        return arrived
 
     def _write(self, line: RecordHeader | RecordRound) -> None:
         exclude: Any = {"policies"} if isinstance(line, RecordRound) and not line.policies else None
@@ -189,6 +202,11 @@ class Recorder:
         self._restart(now)
         logger.info("recording %s passed %d bytes: moved to %s.1", self.path, self.max_bytes,
                     self.path.name)
+
+
+def _short(seconds: float) -> float:
+    """Four significant digits: plenty for a mean, a shorter line, and never rounded to 0."""
+    return float(f"{seconds:.4g}")
 
 
 def recorder_for(settings: ManagerSettings, started_at: float) -> Recorder | None:

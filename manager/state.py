@@ -65,6 +65,9 @@ class QueueObservation:
     processed: int
     busy_s: float
     backlog: int
+    """Ready jobs."""
+    locked: int
+    """Jobs taken and not settled yet."""
     running: int
 
 
@@ -243,6 +246,7 @@ class ClusterState:
                     processed=sum(s.processed for s in held),
                     busy_s=sum(s.busy_s for s in held),
                     backlog=self.stats.get(name, QueueStats()).ready,
+                    locked=self.stats.get(name, QueueStats()).locked,
                     running=sum(row.get(name, 0) for row in running.values()),
                 )
             hosts = {name: (entry.report.capacity_slots, name in alive)

@@ -3,7 +3,9 @@
 A manager, two masters (``--host-auto``, host names ``demo-a`` and ``demo-b``), the
 example app (``examples.app``: queues of different priorities) and a load generator
 whose arrival rates change over time, so the slot map visibly moves. Runs until Ctrl-C
-(or ``--duration``); every child is stopped on the way out.
+(or ``--duration``); every child is stopped on the way out. The manager records what it
+observed to ``<state dir>/demo-recording.jsonl``, which ``qcluster simulate --trace``
+replays.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from rich.console import Console
 
 out = Console()
 TICK_S = 0.5
+#: The resize queue's square wave: RESIZE_HIGH jobs/s, then RESIZE_LOW, every RESIZE_EDGE_S.
+RESIZE_HIGH, RESIZE_LOW, RESIZE_EDGE_S = 1500.0, 50.0, 40.0
+#: What the manager observed each round (``--record``), in the state directory.
+RECORDING = "demo-recording.jsonl"
 
 
 def arrival_rates(t: float) -> dict[str, float]:
     """Jobs/s per queue at ``t`` seconds into the demo: a square wave, a sine and bursts."""
     return {
-        "resize": 1500.0 if (t // 40) % 2 == 0 else 50.0,
+        "resize": RESIZE_HIGH if (t // RESIZE_EDGE_S) % 2 == 0 else RESIZE_LOW,
         "mail": 150.0 + 150.0 * math.sin(t / 15.0),
         "noop": 40_000.0 if (t % 45) < 1.0 else 0.0,
     }
@@ -82,8 +88,10 @@ def demo(
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     admin = f"http://127.0.0.1:{port}/"
-    children = [_spawn(["manager", "--listen", f"127.0.0.1:{port}", "--interval", "2"],
-                       logs / "manager.log", env)]
+    recording = state_dir / RECORDING
+    recording.unlink(missing_ok=True)  # this run only: the manager appends to the file
+    children = [_spawn(["manager", "--listen", f"127.0.0.1:{port}", "--interval", "2",
+                        "--record", str(recording)], logs / "manager.log", env)]
     for index, host in enumerate(("demo-a", "demo-b")):
         children.append(_spawn(
             ["master", "--host-auto", "--app", "examples.app", "--manager", admin.rstrip("/"),
@@ -119,6 +127,9 @@ def demo(
         _stop_all(children)
         stop_embedded(state_dir)
     out.print(f"demo stopped after enqueuing {sent:,} jobs")
+    if recording.exists():
+        out.print(f"the manager recorded this run in {recording}; replay it with\n"
+                  f"  qcluster simulate --trace {recording}", soft_wrap=True)
 
 
 def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:

@@ -24,5 +24,6 @@ def test_demo_runs_a_cluster_and_stops_cleanly(tmp_path: Path) -> None:
     running = [int(n) for n in re.findall(r"(\d+)/\d+\s+slots", output)]
     assert any(n > 0 for n in running), output  # the cluster API showed slots running
     assert "demo stopped after enqueuing" in output
+    assert "qcluster simulate --trace " in output  # the run was recorded for a replay
     leftovers = subprocess.run(["pgrep", "-f", f"127.0.0.1:{port}"], capture_output=True)
     assert leftovers.stdout == b"", "a demo process outlived the demo"
