@@ -94,15 +94,15 @@ RECORD_LINE: TypeAdapter[RecordLine] = TypeAdapter(RecordLine)
 def read_recording(path: Path) -> Iterator[RecordLine]:
     """The lines of a recording, validated; a torn last line (a crash mid-write) is skipped."""
     content = path.read_text(encoding="utf-8")
-    lines = content.splitlines()
+    lines = content.split("\n")  # not splitlines(): JSON may hold U+2028 unescaped
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
             yield RECORD_LINE.validate_json(text)
         except ValidationError:
-            if number == len(lines) and not content.endswith("\n"):
-                return  # written up to a crash: the round is lost, the file is not
+            if number == len(lines):
+                return  # no newline after it: written up to a crash, the round is lost
             raise
 
 
@@ -121,6 +121,7 @@ class Recorder:
     def _open(self) -> TextIO:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_torn_tail(self.path)
             return self.path.open("a", encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot record to {str(self.path)!r}: {exc}") from exc
@@ -152,7 +153,7 @@ class Recorder:
             self._write(self._header(observation))
             self._header_written = True
         self._write(self._round(observation, now))
-        if self._file.tell() >= self.max_bytes:
+        if os.fstat(self._file.fileno()).st_size >= self.max_bytes:
             self._rotate(now)
 
     def _header(self, observation: RoundObservation) -> RecordHeader:
@@ -202,6 +203,27 @@ class Recorder:
         self._restart(now)
         logger.info("recording %s passed %d bytes: moved to %s.1", self.path, self.max_bytes,
                     self.path.name)
+
+
+def _drop_torn_tail(path: Path, chunk: int = 1 << 16) -> None:
+    """Cut a line a crash left half-written, so the next header starts on a line of its own."""
+    if not path.exists():
+        return
+    with path.open("rb+") as file:
+        end = file.seek(0, os.SEEK_END)
+        position = end
+        while position > 0:
+            start = max(0, position - chunk)
+            file.seek(start)
+            block = file.read(position - start)
+            if position == end and block.endswith(b"\n"):
+                return  # whole lines only
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                file.truncate(start + newline + 1)
+                return
+            position = start
+        file.truncate(0)
 
 
 def _short(seconds: float) -> float:

@@ -15,6 +15,7 @@ from manager.recorder import (
     Recorder,
     RecordHeader,
     RecordRound,
+    _drop_torn_tail,
     read_recording,
     recorder_for,
 )
@@ -73,6 +74,24 @@ def test_a_restarted_manager_appends_a_new_header(tmp_path: Path) -> None:
         recorder = Recorder(path, interval_s=1.0, started_at=started)
         recorder.record(s, started + 1.0)
         recorder.close()
+    kinds = [line.type for line in read_recording(path)]
+    assert kinds == ["header", "round", "header", "round"]
+
+
+def test_a_manager_restarted_after_a_crash_mid_line_starts_on_a_clean_line(
+        tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    s = state()
+    s.receive(report("a", {"noop": 1}), now=T0 + 0.5)
+    recorder = Recorder(path, interval_s=1.0, started_at=T0)
+    recorder.record(s, T0 + 1.0)
+    recorder.record(s, T0 + 2.0)
+    recorder.close()
+    whole = path.read_text()
+    path.write_text(whole[:-25])  # the second round was being written
+    restarted = Recorder(path, interval_s=1.0, started_at=T0 + 50)
+    restarted.record(s, T0 + 51.0)
+    restarted.close()
     kinds = [line.type for line in read_recording(path)]
     assert kinds == ["header", "round", "header", "round"]
 
@@ -183,3 +202,15 @@ def test_rounds_before_any_host_reported_are_not_written(tmp_path: Path) -> None
     header, first = read_recording(path)
     assert isinstance(header, RecordHeader) and set(header.queues) == {"mail", "noop"}
     assert isinstance(first, RecordRound) and first.t_s == 2.0 and not first.policies
+
+
+@given(st.lists(st.text(st.characters(blacklist_characters="\n"), max_size=30), max_size=6),
+       st.text(st.characters(blacklist_characters="\n"), max_size=40),
+       st.integers(1, 16))
+def test_only_a_torn_tail_is_cut(tmp_path_factory: pytest.TempPathFactory, lines: list[str],
+                                 torn: str, chunk: int) -> None:
+    path = tmp_path_factory.mktemp("tail") / "rec.jsonl"
+    whole = "".join(line + "\n" for line in lines)
+    path.write_bytes((whole + torn).encode())
+    _drop_torn_tail(path, chunk=chunk)
+    assert path.read_bytes() == whole.encode()
