@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,8 +11,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from qcluster.errors import AppImportError, ConfigError, HandlerNotFound
+from qcluster.errors import AppImportError, ConfigError, HandlerNotFound, InvalidQueueName
 from qcluster.job import Job
+from qcluster.names import check_queue_name
 from qcluster.policy import QueuePolicy
 
 BatchHandler = Callable[[list[Job]], Any]
@@ -41,14 +43,20 @@ class App:
     def queue(self, name: str, **policy: Any) -> Callable[[BatchHandler], BatchHandler]:
         """Decorator binding a batch handler ``def handler(jobs: list[Job])`` to ``name``.
 
-        Keyword arguments are :class:`~qcluster.policy.QueuePolicy` fields.
+        Keyword arguments are :class:`~qcluster.policy.QueuePolicy` fields. The name
+        follows :mod:`qcluster.names`; ``async def`` handlers are refused (not supported).
         """
+        try:
+            check_queue_name(name)
+        except InvalidQueueName as exc:
+            raise ConfigError(str(exc)) from None
         try:
             queue_policy = QueuePolicy(**policy)
         except ValidationError as exc:
             raise ConfigError(f"queue {name!r}: {exc}") from exc
 
         def bind(handler: BatchHandler) -> BatchHandler:
+            _refuse_async(name, handler)
             if name in self.queues:
                 raise ConfigError(f"queue {name!r} is declared twice")
             self.queues[name] = QueueSpec(name, handler, queue_policy)
@@ -64,6 +72,8 @@ class App:
         """
 
         def bind(handler: Callable[[Job], Any]) -> Callable[[Job], Any]:
+            _refuse_async(name, handler)
+
             def run_each(jobs: list[Job]) -> None:
                 for job in jobs:
                     try:
@@ -97,6 +107,19 @@ class App:
                 raise ConfigError(f"[queues.{name}] in the configuration: {exc}") from exc
             merged.queues[name] = QueueSpec(name, spec.handler, policy)
         return merged
+
+
+def _refuse_async(queue: str, handler: Callable[..., Any]) -> None:
+    """The slot calls handlers synchronously: an ``async def`` handler would return a
+    coroutine that never runs while its jobs are acked. Refused until async is supported."""
+    call = getattr(handler, "__call__", None)  # noqa: B004 - an object with async __call__
+    if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+           for f in (handler, call) if f is not None):
+        name = getattr(handler, "__name__", type(handler).__name__)
+        raise ConfigError(
+            f"queue {queue!r}: handler {name} is async; qcluster calls handlers "
+            "synchronously (write a plain def, e.g. calling asyncio.run inside)"
+        )
 
 
 def load_app(target: str) -> App:

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from qcluster import exitcodes
@@ -30,6 +31,8 @@ from qcluster.errors import (
     ConfigError,
     EnvelopeError,
     HandlerNotFound,
+    InvalidDelay,
+    InvalidQueueName,
     QClusterError,
 )
 
@@ -57,6 +60,8 @@ _EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (HandlerNotFound, exitcodes.BOOT_ERROR),
     (BrokerUnavailable, exitcodes.BROKER_CONNECT),
     (EnvelopeError, exitcodes.USAGE),
+    (InvalidQueueName, exitcodes.USAGE),
+    (InvalidDelay, exitcodes.USAGE),
     (QClusterError, exitcodes.FAILURE),
 ]
 
@@ -68,7 +73,8 @@ def user_errors() -> Iterator[None]:
         yield
     except tuple(cls for cls, _ in _EXIT_CODES) as exc:
         code = next(c for cls, c in _EXIT_CODES if isinstance(exc, cls))
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        # escape(): a message naming "[queues.foo]" or a queue "[/q]" is text, not markup.
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(code) from None
 
 
@@ -127,6 +133,8 @@ def enqueue(
     from rich.progress import Progress
 
     from qcluster.client import Client
+    from qcluster.job import check_delay
+    from qcluster.names import check_queue_name
 
     settings = settings_for(config, broker_url=broker)
     with user_errors():
@@ -134,7 +142,13 @@ def enqueue(
             raise EnvelopeError("give either a JSON payload or --file, not both or neither")
         if count < 1:
             raise EnvelopeError("--count must be at least 1")
-        client = Client(settings.broker_url, state_dir=settings.state_dir)
+        check_queue_name(queue)
+        check_delay(delay, what="--delay")
+        client = Client(settings.broker_url, state_dir=settings.state_dir,
+                        app=_declaring_app(settings))
+        if client.declares(queue) is False:
+            err.print(f"[yellow]warning:[/yellow] no queue of the app is named "
+                      f"{escape(repr(queue))}: no slot will run these jobs", highlight=False)
         if file is not None:
             total = _count_lines(file)
             items: Iterator[Any] = _read_jsonl(file)
@@ -145,17 +159,38 @@ def enqueue(
                 raise EnvelopeError(f"payload is not JSON: {exc.msg}") from exc
             total, items = count, (value for _ in range(count))
         done = 0
-        with Progress(console=err, transient=True, disable=total < 1000) as progress:
-            task = progress.add_task(f"enqueue {queue}", total=total)
-            for chunk in _chunks(items, 1000):
-                ids = client.enqueue_many(queue, chunk, delay=delay)
-                done += len(ids)
-                progress.update(task, advance=len(ids))
-                if total == 1:
-                    out.print(ids[0])
-        client.close()
+        try:
+            with Progress(console=err, transient=True, disable=total < 1000) as progress:
+                task = progress.add_task(escape(f"enqueue {queue}"), total=total)
+                for chunk in _chunks(items, 1000):
+                    ids = client.enqueue_many(queue, chunk, delay=delay)
+                    done += len(ids)
+                    progress.update(task, advance=len(ids))
+                    if total == 1:
+                        out.print(ids[0])
+        except QClusterError:
+            if done:  # the jobs before the bad line are stored: say so
+                err.print(escape(f"enqueued {done} job(s) to {queue!r} before the error"),
+                          highlight=False)
+            raise
+        finally:
+            client.close()
     if total != 1:
-        err.print(f"enqueued {done} job(s) to {queue!r}")
+        err.print(escape(f"enqueued {done} job(s) to {queue!r}"), highlight=False)
+
+
+def _declaring_app(settings: Settings) -> Any:
+    """The configured app (to check queue names and message sizes), or None."""
+    if not settings.app:
+        return None
+    from qcluster.app import load_app
+
+    try:
+        return load_app(settings.app).with_overrides(settings.queues)
+    except QClusterError as exc:
+        err.print(f"[yellow]warning:[/yellow] cannot load the app to check the queue: "
+                  f"{escape(str(exc))}", highlight=False)
+        return None
 
 
 def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
@@ -182,21 +217,26 @@ def stats(
     with user_errors():
         names = [queue] if queue else sorted(queue_broker.queues())
         rows = {name: queue_broker.stats(name).model_dump() for name in names}
+        notes = queue_broker.durability()
         queue_broker.close()
     if as_json:
         out.print_json(json.dumps(rows))
+        for note in notes:
+            err.print(f"[yellow]durability:[/yellow] {escape(note)}", highlight=False)
         return
     table = Table("queue", "ready", "locked", "delayed", "dead")
     for name, row in rows.items():
-        table.add_row(name, *(str(row[k]) for k in ("ready", "locked", "delayed", "dead")))
+        table.add_row(escape(name), *(str(row[k]) for k in ("ready", "locked", "delayed", "dead")))
     out.print(table)
+    for note in notes:
+        out.print(f"[yellow]durability:[/yellow] {escape(note)}", highlight=False)
 
 
 @cli.command()
 def dead(
     queue: Annotated[str, typer.Argument(help="Queue name")],
     requeue: Annotated[bool, typer.Option(help="Move every dead job back to ready")] = False,
-    limit: Annotated[int, typer.Option(help="Show at most this many")] = 20,
+    limit: Annotated[int, typer.Option(min=0, help="Show at most this many")] = 20,
     config: ConfigOpt = None,
     broker: BrokerOpt = None,
 ) -> None:
@@ -206,12 +246,12 @@ def dead(
     with user_errors():
         if requeue:
             moved = queue_broker.requeue_dead(queue)
-            out.print(f"requeued {moved} job(s) of {queue!r}")
+            out.print(escape(f"requeued {moved} job(s) of {queue!r}"))
             return
-        jobs = queue_broker.dead_jobs(queue, limit=limit)
+        jobs = queue_broker.dead_jobs(queue, limit=limit) if limit > 0 else []
     table = Table("id", "attempts", "reason", "body")
     for job in jobs:
-        table.add_row(job.id, str(job.attempts), job.reason, job.body[:80])
+        table.add_row(escape(job.id), str(job.attempts), escape(job.reason), escape(job.body[:80]))
     out.print(table)
 
 

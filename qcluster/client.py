@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qcluster.broker import Broker, DeadJob, open_broker
-from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, encode_new_jobs
+from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, check_delay, encode_new_jobs
+from qcluster.names import check_queue_name
+
+if TYPE_CHECKING:
+    from qcluster.app import App
+
+logger = logging.getLogger(__name__)
 
 
 class Client:
@@ -16,6 +23,11 @@ class Client:
 
     ``broker_url`` resolves as: the argument > ``QCLUSTER_BROKER_URL`` >
     ``qcluster.toml`` > the embedded broker under ``state_dir``.
+
+    ``app`` (optional): the application whose queues this producer feeds. With it, a
+    job is refused above its queue's ``max_message_bytes`` and enqueueing to a queue
+    the app does not declare logs a warning (once per queue). Without it, messages
+    are limited to ``max_message_bytes`` (1 MiB by default).
     """
 
     def __init__(
@@ -23,13 +35,16 @@ class Client:
         broker_url: str | None = None,
         *,
         state_dir: str | Path | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int | None = None,
+        app: App | None = None,
     ) -> None:
         from qcluster.config import load_settings
 
         settings = load_settings(None, broker_url=broker_url, state_dir=state_dir)
         self.broker: Broker = open_broker(settings.broker_url, state_dir=settings.state_dir)
         self.max_message_bytes = max_message_bytes
+        self.app = app
+        self._warned: set[str] = set()
 
     def enqueue(
         self, queue: str, payload: Any, *, delay: float = 0.0, headers: dict[str, str] | None = None
@@ -45,14 +60,40 @@ class Client:
         delay: float = 0.0,
         headers: dict[str, str] | None = None,
     ) -> list[str]:
-        """Store many jobs in as few round trips as the backend allows; returns their ids."""
-        if delay < 0:
-            raise ValueError("delay must be >= 0")
+        """Store many jobs in as few round trips as the backend allows; returns their ids.
+
+        Raises InvalidQueueName or InvalidDelay (both ValueErrors) for a bad queue name
+        or a delay that is not finite, negative or over a year (MAX_DELAY_S), and
+        EnvelopeError for a payload that is not JSON or too big; nothing is stored then.
+        """
+        check_queue_name(queue)
+        delay = check_delay(delay)
         messages = encode_new_jobs(queue, payloads, enqueued_at=time.time(), headers=headers,
-                                   max_bytes=self.max_message_bytes)
+                                   max_bytes=self._max_bytes(queue))
         if messages:
             self.broker.publish_many(queue, messages, delay_s=delay)
         return [job_id for job_id, _ in messages]
+
+    def declares(self, queue: str) -> bool | None:
+        """Whether the client's app declares ``queue`` (None: no app, unknown)."""
+        return None if self.app is None else queue in self.app.queues
+
+    def _max_bytes(self, queue: str) -> int:
+        if self.max_message_bytes is not None:
+            return self.max_message_bytes
+        if self.app is None:
+            return DEFAULT_MAX_MESSAGE_BYTES
+        spec = self.app.queues.get(queue)
+        if spec is None:
+            if queue not in self._warned:
+                self._warned.add(queue)
+                logger.warning(
+                    "enqueue to %r: no queue of app %r has that name, so no slot will run "
+                    "these jobs (known: %s)", queue, self.app.name,
+                    ", ".join(sorted(self.app.queues)) or "none",
+                )
+            return DEFAULT_MAX_MESSAGE_BYTES
+        return spec.policy.max_message_bytes
 
     def stats(self, queue: str) -> dict[str, int]:
         """``{"ready", "locked", "delayed", "dead"}`` counts for the queue."""

@@ -27,6 +27,14 @@ class EnvelopeError(QClusterError):
     """A message is not a valid job envelope (malformed, wrong content type, too big)."""
 
 
+class InvalidQueueName(QClusterError, ValueError):
+    """A queue name breaks the rule of :mod:`qcluster.names`."""
+
+
+class InvalidDelay(QClusterError, ValueError):
+    """A delay that is not a finite number of seconds in [0, MAX_DELAY_S]."""
+
+
 class HandlerNotFound(QClusterError):
     """No handler is registered for the queue a slot was asked to serve."""
 

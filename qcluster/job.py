@@ -8,6 +8,7 @@ and hands the slot a :class:`Delivery`; the slot decodes it into a :class:`Job`.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,11 +16,30 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from qcluster.errors import EnvelopeError
+from qcluster.errors import EnvelopeError, InvalidDelay
 
 SCHEMA_VERSION: Literal[1] = 1
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 JSON_CONTENT_TYPE = "application/json"
+#: The longest delay a job may get (enqueue, ``job.retry``): one year, in seconds.
+MAX_DELAY_S = 365 * 24 * 3600.0
+
+
+def check_delay(delay: float, *, what: str = "delay") -> float:
+    """``delay`` as a float if it is finite and in [0, MAX_DELAY_S]; else :class:`InvalidDelay`.
+
+    A NaN or infinite delay cannot be stored as a time, and a huge one overflows the
+    brokers' clocks; both used to crash slots long after the producer went away.
+    """
+    try:
+        value = float(delay)
+    except (TypeError, ValueError):
+        raise InvalidDelay(f"{what} must be a number of seconds, not {delay!r}") from None
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_DELAY_S:
+        raise InvalidDelay(
+            f"{what} must be between 0 and {MAX_DELAY_S:.0f} seconds (one year), not {delay!r}"
+        )
+    return value
 
 
 class Envelope(BaseModel):
@@ -121,6 +141,13 @@ class Delivery:
     """Broker-clock unix seconds of the take: the same for every delivery of one take."""
     content_type: str = JSON_CONTENT_TYPE
     receipt: Any = None
+    suspect: bool = False
+    """The job's previous take ended by lock expiry (its slot died or hung, maybe of
+    this very job): the slot runs it alone so that it cannot take batch-mates with it."""
+    malformed: str = ""
+    """Set by the broker when the message cannot even be decoded into a delivery
+    (a non-UTF-8 id, an unreadable header): the reason, starting with ``malformed:``.
+    The slot dead-letters it without running it."""
 
 
 OutcomeKind = Literal["done", "retry", "fail", "error"]
@@ -146,9 +173,8 @@ class Job:
 
     def retry(self, delay: float = 0.0) -> None:
         """Postpone: hand the job out again after ``delay`` seconds."""
-        if delay < 0:
-            raise ValueError("retry delay must be >= 0")
-        self.outcome, self.retry_delay_s = "retry", float(delay)
+        self.retry_delay_s = check_delay(delay, what="retry delay")
+        self.outcome = "retry"
 
     def fail(self, reason: str) -> None:
         """Dead-letter the job with ``reason``; it is not retried."""

@@ -8,6 +8,8 @@ or in the foreground (``qcluster slot``).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import os
 import random
@@ -99,6 +101,7 @@ class SlotRunner:
             return self._loop()
         finally:
             self._flush()
+            self._leave(self.queue)
             if self.metrics:
                 self.metrics.write()
             self.broker.close()
@@ -116,6 +119,10 @@ class SlotRunner:
                 worked = self.step(defer_settle=True)
             except BrokerError as exc:
                 logger.warning("slot %s: broker error on %s: %s", self.slot_label, self.queue, exc)
+                time.sleep(BROKER_ERROR_PAUSE_S)
+                continue
+            except Exception:  # a slot must never die of one bad job or reply
+                logger.exception("slot %s: unexpected error on %s", self.slot_label, self.queue)
                 time.sleep(BROKER_ERROR_PAUSE_S)
                 continue
             if not worked and self.burst:
@@ -143,18 +150,24 @@ class SlotRunner:
         except BrokerError:
             self._pending = pending  # settling again is harmless: try with the next take
             raise
+        except Exception:
+            self._salvage(pending)
+            raise
         if not deliveries:
             if self.metrics:
                 self.metrics.write()
             self._heartbeat(idle=True)
             return False
+        if any(delivery.suspect for delivery in deliveries):
+            deliveries = self._one_suspect(deliveries)
         taken = time.monotonic()
         settlement = Settlement()
         size = policy.batch_size
         for start in range(0, len(deliveries), size):
             if start and not self._may_run_more(taken):
-                # Hand the rest back untouched rather than run it near its lock expiry.
-                settlement.postpone.extend((d, 0.0) for d in deliveries[start:])
+                # Hand the rest back unstarted (no attempt counted) rather than run it
+                # near its lock expiry or after SIGTERM.
+                settlement.release.extend(deliveries[start:])
                 break
             chunk = deliveries[start : start + size]
             self._send(BatchStarted(
@@ -171,6 +184,31 @@ class SlotRunner:
         else:
             self.broker.settle(self.queue, settlement)
         return True
+
+    def _one_suspect(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Of a take holding suspect jobs (their last take ended by lock expiry: a slot
+        died or hung, maybe of one of them), keep one suspect and give the rest back at
+        once, unstarted. A poison job then only ever dies alone: its batch-mates are
+        not charged an attempt for its crashes."""
+        first = next(delivery for delivery in deliveries if delivery.suspect)
+        others = [delivery for delivery in deliveries if delivery is not first]
+        if others:
+            self.broker.release(self.queue, others)
+        return [first]
+
+    def _salvage(self, pending: Settlement) -> None:
+        """Settling failed for a reason other than the broker: settle at least the acks
+        (and releases), so finished jobs do not run again; the rest returns at lock expiry."""
+        try:
+            self.broker.settle(self.queue, Settlement(ack=pending.ack, release=pending.release))
+        except Exception as exc:  # the jobs come back when their locks expire
+            logger.warning("slot %s: could not settle on %s: %s", self.slot_label, self.queue, exc)
+
+    def _leave(self, queue: str) -> None:
+        try:
+            self.broker.leave(queue)
+        except BrokerError as exc:  # unstarted jobs come back when their locks expire
+            logger.warning("slot %s: could not leave %s: %s", self.slot_label, queue, exc)
 
     def _flush(self) -> None:
         """Settle outcomes still waiting for the next take (stopping, switching queue)."""
@@ -229,11 +267,17 @@ class SlotRunner:
         malformed = 0
         for delivery in deliveries:
             try:
-                if delivery.content_type != JSON_CONTENT_TYPE:
-                    raise EnvelopeError(f"refused content type {delivery.content_type!r}")
+                if delivery.content_type != JSON_CONTENT_TYPE or delivery.malformed:
+                    raise EnvelopeError(
+                        delivery.malformed or f"refused content type {delivery.content_type!r}")
                 envelope = decode_envelope(delivery.body, max_bytes=policy.max_message_bytes)
+                job = Job.from_delivery(delivery, envelope)
             except EnvelopeError as exc:
                 rejected.append((delivery, str(exc)))
+                malformed += 1
+                continue
+            except Exception as exc:  # never die of input: whatever it is, it is malformed
+                rejected.append((delivery, f"malformed: {type(exc).__name__}: {exc}"[:1000]))
                 malformed += 1
                 continue
             if delivery.attempts > policy.max_attempts:
@@ -242,13 +286,15 @@ class SlotRunner:
                 rejected.append((delivery, f"taken {delivery.attempts} times without "
                                  f"settling (max_attempts {policy.max_attempts})"))
                 continue
-            jobs.append(Job.from_delivery(delivery, envelope))
+            jobs.append(job)
         return jobs, rejected, malformed
 
     def _run_handler(self, jobs: list[Job]) -> float:
         started = time.perf_counter()
         try:
-            self.spec.handler(jobs)
+            result = self.spec.handler(jobs)
+            if result is not None:
+                _refuse_result(result)
         except Exception as exc:  # the handler's failure is the jobs' outcome, not ours
             logger.warning(
                 "slot %s: handler for %s raised %s: %s",
@@ -278,6 +324,7 @@ class SlotRunner:
                 self.should_stop = True
             elif isinstance(command, SwitchQueue) and command.queue != self.queue:
                 self._flush()  # outcomes belong to the old queue
+                self._leave(self.queue)  # and its read-ahead jobs go back, unstarted
                 self.spec = self.app.spec(command.queue)
                 logger.info("slot %s: switched to %s", self.slot_label, command.queue)
         if self.channel.closed:
@@ -307,6 +354,19 @@ class SlotRunner:
         )
         self._send(Recycling(private_dirty_bytes=sample.private_dirty_bytes, limit_bytes=limit))
         return True
+
+
+def _refuse_result(result: object) -> None:
+    """A batch handler returns None. Anything else means the work did not happen here:
+    a coroutine (``async def``) or generator was created and never run. Close it (no
+    "never awaited" warning) and fail the batch instead of acking jobs that never ran."""
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        with contextlib.suppress(Exception):
+            result.close()
+    raise TypeError(
+        f"the handler returned {type(result).__name__}, not None: a handler must do its "
+        "work before returning (async def and generator handlers are not supported)"
+    )
 
 
 _OUTCOMES = ("done", "retried", "failed", "malformed")

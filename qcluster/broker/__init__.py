@@ -38,7 +38,9 @@ def open_broker(url: str | None = None, *, state_dir: Path | str = ".qcluster") 
     if url.startswith(REDIS_SCHEMES):
         from qcluster.broker.redis_broker import RedisBroker
 
-        return RedisBroker.from_url(url)
+        redis_broker = RedisBroker.from_url(url)
+        redis_broker.check_durability()  # an evicting server is refused here
+        return redis_broker
     if url.startswith(KOMBU_SCHEMES):
         from qcluster.broker.kombu_broker import KombuBroker
 

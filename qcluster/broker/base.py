@@ -157,6 +157,11 @@ class Broker(ABC):
 
         Locked and dead jobs are kept (locked ones are being worked on)."""
 
+    def durability(self) -> list[str]:
+        """Notes on how safely the server keeps acknowledged jobs, for operators
+        (``qcluster stats``, the admin page); empty when there is nothing to say."""
+        return []
+
     @abstractmethod
     def ping(self) -> None:
         """Raise BrokerUnavailable if the broker does not answer."""

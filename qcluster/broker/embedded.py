@@ -70,9 +70,18 @@ def ensure_server(state_dir: Path) -> Path:
     return sock
 
 
+def _private(data_dir: Path) -> None:
+    """Jobs are user data: the data directory 0700, its files 0600 (also those an older
+    version left readable by everyone)."""
+    data_dir.mkdir(mode=0o700, exist_ok=True)
+    data_dir.chmod(0o700)
+    for path in data_dir.rglob("*"):
+        path.chmod(0o700 if path.is_dir() else 0o600)
+
+
 def _start_server(state_dir: Path, sock: Path) -> None:
     data_dir = state_dir.resolve() / "data"
-    data_dir.mkdir(exist_ok=True)
+    _private(data_dir)
     sock.unlink(missing_ok=True)
     args = [
         redis_server_binary(),
@@ -82,13 +91,14 @@ def _start_server(state_dir: Path, sock: Path) -> None:
         "--dir", str(data_dir),
         "--appendonly", "yes",
         "--appendfsync", "everysec",
-        "--save", "300 1",
+        "--save", "300", "1",  # separate words: "300 1" as one is read as no save
         "--daemonize", "yes",
         "--pidfile", str(state_dir.resolve() / "redis.pid"),
         "--logfile", str(state_dir.resolve() / "redis.log"),
     ]
     logger.info("starting the embedded broker on %s", sock)
-    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    # umask 077: the AOF, the snapshot and the log it creates are the user's alone.
+    result = subprocess.run(args, capture_output=True, text=True, check=False, umask=0o077)
     if result.returncode != 0:
         raise BrokerUnavailable(f"embedded redis-server failed to start: {result.stderr.strip()}")
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -22,8 +22,9 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from qcluster.broker.base import Broker, DeadJob, QueueStats, Settlement
-from qcluster.errors import BrokerError, BrokerUnavailable
-from qcluster.job import JSON_CONTENT_TYPE, Delivery
+from qcluster.errors import BrokerError, BrokerUnavailable, ConfigError
+from qcluster.job import JSON_CONTENT_TYPE, MAX_DELAY_S, Delivery
+from qcluster.names import check_queue_name
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,22 @@ QUEUES_KEY = f"{KEY_PREFIX}:queues"
 PUBLISH_CHUNK = 500
 #: Longest single wait on the wake list, so SIGTERM and delayed jobs are noticed.
 MAX_BLOCK_S = 1.0
+#: A reply slower than this ends the call with BrokerUnavailable (a silent server or a
+#: dead link must not hang producers and slots); above MAX_BLOCK_S, the longest wait.
+SOCKET_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
+#: Seconds idle after which a pooled connection is pinged before its next use.
+HEALTH_CHECK_INTERVAL_S = 10
+#: Dead-letter retention per queue, applied when jobs are dead-lettered (settle.lua).
+DEAD_MAX_COUNT = 10_000
+DEAD_MAX_AGE_S = 14 * 24 * 3600
+#: Eviction policies that may delete keys, hence jobs: refused at connect.
+EVICTING_POLICIES = frozenset({
+    "allkeys-lru", "allkeys-lfu", "allkeys-random",
+    "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl",
+})
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+_warned_durability: set[str] = set()
 
 
 
@@ -60,9 +76,13 @@ def _load_script(name: str) -> str:
 class RedisBroker(Broker):
     """Queue server on Redis >= 5 (redis://, rediss://, redis+socket://, unix://)."""
 
-    def __init__(self, client: redis.Redis, *, safe_url: str) -> None:
+    def __init__(
+        self, client: redis.Redis, *, safe_url: str, dead_max_count: int = DEAD_MAX_COUNT,
+        dead_max_age_s: float = DEAD_MAX_AGE_S,
+    ) -> None:
         self.client = client
         self.safe_url = safe_url
+        self._retention = [dead_max_count, round(dead_max_age_s * 1000)]
         self._scripts = {
             name: client.register_script(_load_script(name))
             for name in ("take", "settle", "publish", "stats", "requeue_dead", "purge")
@@ -71,17 +91,79 @@ class RedisBroker(Broker):
 
     @classmethod
     def from_url(cls, url: str, *, retries: int = 5) -> RedisBroker:
-        """Connect lazily; transient connection errors are retried with backoff."""
+        """Connect lazily; failed connections are retried with backoff.
+
+        A server that stops answering is not retried: after SOCKET_TIMEOUT_S the call
+        raises BrokerUnavailable (the slot loop pauses and tries again, reconnecting),
+        instead of hanging forever on a dead link. TCP keepalive notices a dead peer on
+        idle connections.
+        """
         if url.startswith("redis+socket://"):
             url = "unix://" + url.removeprefix("redis+socket://")
+        options: dict[str, Any] = {}
+        if not url.startswith("unix://"):
+            options["socket_keepalive"] = True
         client = redis.Redis.from_url(
             url,
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-            socket_connect_timeout=5,
-            health_check_interval=30,
+            # Only failed connections are retried: a timeout (the server or the link went
+            # silent) retried 5 times, with nested retries while connecting, hung for minutes.
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries,
+                        supported_errors=(redis.ConnectionError,)),
+            retry_on_error=[redis.ConnectionError],
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            health_check_interval=HEALTH_CHECK_INTERVAL_S,
+            **options,
         )
         return cls(client, safe_url=mask_url(url))
+
+    def durability(self) -> list[str]:
+        """Notes on how safely this Redis keeps acknowledged jobs (empty: nothing to say).
+
+        Reads ``CONFIG GET appendonly/save/maxmemory-policy``; a server that disables
+        CONFIG (managed Redis often does) gets a note saying it could not be checked.
+        Raises ConfigError for an evicting ``maxmemory-policy``: it deletes jobs.
+        """
+        try:
+            with self._errors():
+                config: dict[str, str] = {}
+                for name in ("appendonly", "save", "maxmemory-policy"):
+                    reply = self.client.config_get(name)
+                    config.update({_text(k): _text(v) for k, v in reply.items()})
+        except BrokerUnavailable:
+            raise
+        except BrokerError:
+            return [f"durability not checked: CONFIG GET is not allowed on {self.safe_url}"]
+        policy = config.get("maxmemory-policy", "noeviction")
+        if policy in EVICTING_POLICIES:
+            raise ConfigError(
+                f"Redis at {self.safe_url} has maxmemory-policy {policy}: it evicts keys, "
+                "i.e. deletes jobs when memory runs out. Set maxmemory-policy noeviction."
+            )
+        notes = []
+        if config.get("appendonly", "no") != "yes":
+            if config.get("save", "").strip():
+                notes.append(
+                    f"Redis at {self.safe_url} persists by snapshots only (appendonly no): "
+                    "a crash loses the jobs of the last minutes. Set appendonly yes."
+                )
+            else:
+                notes.append(
+                    f"Redis at {self.safe_url} has no persistence (appendonly no, no save): "
+                    "a restart loses every job. Set appendonly yes."
+                )
+        return notes
+
+    def check_durability(self) -> None:
+        """At connect: refuse an evicting server, warn once per process about the rest."""
+        try:
+            notes = self.durability()
+        except BrokerUnavailable:
+            return  # said again, clearly, by the first real call
+        for note in notes:
+            if note not in _warned_durability:
+                _warned_durability.add(note)
+                logger.warning("%s", note)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -101,9 +183,9 @@ class RedisBroker(Broker):
     def publish_many(
         self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
     ) -> None:
-        k = _keys(queue)
+        k = _keys(check_queue_name(queue))
         keys = [k["ready"], k["jobs"], QUEUES_KEY, k["wake"]]
-        delay_ms = max(0, round(delay_s * 1000))
+        delay_ms = _delay_ms(delay_s)
         for start in range(0, len(messages), PUBLISH_CHUNK):
             args: list[Any] = [delay_ms, queue]
             for job_id, body in messages[start : start + PUBLISH_CHUNK]:
@@ -115,7 +197,7 @@ class RedisBroker(Broker):
     def take(
         self, queue: str, *, max_jobs: int, lock_timeout_s: float, wait_s: float = 0.0
     ) -> list[Delivery]:
-        k = _keys(queue)
+        k = _keys(check_queue_name(queue))
         keys = [k["ready"], k["locked"], k["jobs"], k["attempts"]]
         args = [max_jobs, max(1, round(lock_timeout_s * 1000))]
         deadline = time.monotonic() + wait_s
@@ -133,14 +215,15 @@ class RedisBroker(Broker):
         timeout_s = min(remaining_s, MAX_BLOCK_S)
         now_ms, next_due_ms = reply[0], reply[1]
         if next_due_ms:
-            timeout_s = min(timeout_s, max(0.001, (int(next_due_ms) - int(now_ms)) / 1000))
+            # float(): a far score comes back as "1.0e+18", which int() refuses.
+            timeout_s = min(timeout_s, max(0.001, (float(next_due_ms) - float(now_ms)) / 1000))
         with self._errors():
             self.client.blpop([wake_key], timeout=max(timeout_s, 0.001))
 
     def settle(self, queue: str, settlement: Settlement) -> None:
         if not len(settlement):
             return
-        self._run("settle", _settle_keys(queue), _settle_args(settlement))
+        self._run("settle", _settle_keys(queue), self._settle_args(settlement))
 
     def settle_and_take(
         self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
@@ -149,7 +232,7 @@ class RedisBroker(Broker):
         """Settle the last batch and take the next one in one script: one round trip
         (nothing to gain from ``read_ahead``)."""
         if len(settlement):
-            settle_args = _settle_args(settlement)
+            settle_args = self._settle_args(settlement)
             lock_ms = max(1, round(lock_timeout_s * 1000))
             reply = self._run(
                 "settle_take", _settle_keys(queue),
@@ -169,10 +252,12 @@ class RedisBroker(Broker):
     def queues(self) -> list[str]:
         with self._errors():
             names: set[bytes] = self.client.smembers(QUEUES_KEY)  # type: ignore[assignment]
-            return sorted(name.decode() for name in names)
+            return sorted(name.decode("utf-8", "replace") for name in names)
 
     def dead_jobs(self, queue: str, *, limit: int = 100) -> list[DeadJob]:
         k = _keys(queue)
+        if limit <= 0:
+            return []
         with self._errors():
             entries: list[tuple[bytes, float]] = self.client.zrevrange(  # type: ignore[assignment]
                 k["dead"], 0, limit - 1, withscores=True
@@ -187,10 +272,10 @@ class RedisBroker(Broker):
             bodies, reasons, attempts = pipe.execute()
         return [
             DeadJob(
-                id=job_id.decode(), queue=queue,
+                id=job_id.decode("utf-8", "replace"), queue=queue,
                 body=(body or b"").decode("utf-8", "replace"),
                 reason=(reason or b"").decode("utf-8", "replace"),
-                attempts=int(tries or 0), dead_at=score / 1000,
+                attempts=abs(_int_or_zero(tries)), dead_at=score / 1000,
             )
             for (job_id, score), body, reason, tries in zip(
                 entries, bodies, reasons, attempts, strict=True
@@ -225,19 +310,55 @@ class RedisBroker(Broker):
         self.client.close()
 
 
+    def _settle_args(self, settlement: Settlement) -> list[Any]:
+        args: list[Any] = [len(settlement.ack), len(settlement.postpone), len(settlement.dead),
+                           len(settlement.release), *self._retention]
+        args += [d.id for d in settlement.ack]
+        for delivery, delay_s in settlement.postpone:
+            args += (_wire_id(delivery.id), delivery.receipt, _delay_ms(delay_s))
+        for delivery, reason in settlement.dead:
+            args += (_wire_id(delivery.id), delivery.receipt, str(reason))
+        for delivery in settlement.release:
+            args += (_wire_id(delivery.id), delivery.receipt, _activate_ms(delivery.activate_at))
+        return args
+
+
 def _settle_keys(queue: str) -> list[str]:
     k = _keys(queue)
-    return [k["ready"], k["locked"], k["jobs"], k["attempts"], k["dead"], k["reasons"]]
+    return [k["ready"], k["locked"], k["jobs"], k["attempts"], k["dead"], k["reasons"], k["wake"]]
 
 
-def _settle_args(settlement: Settlement) -> list[Any]:
-    args: list[Any] = [len(settlement.ack), len(settlement.postpone), len(settlement.dead)]
-    args += [d.id for d in settlement.ack]
-    for delivery, delay_s in settlement.postpone:
-        args += (delivery.id, delivery.receipt, max(0, round(delay_s * 1000)))
-    for delivery, reason in settlement.dead:
-        args += (delivery.id, delivery.receipt, reason)
-    return args
+def _wire_id(job_id: str) -> bytes:
+    """The id's stored bytes: an id that was not UTF-8 was read with surrogateescape
+    (see _careful_deliveries) and goes back as the same bytes. Acks skip this (the hot
+    path): a malformed job is never acked."""
+    return job_id.encode("utf-8", "surrogateescape")
+
+
+def _delay_ms(delay_s: float) -> int:
+    """Milliseconds for a delay, never raising: NaN is 0, the rest clamped to [0, 1 year].
+
+    Producers and ``job.retry`` refuse bad delays with a clear error; this is the last
+    line, so that one bad value can never make a settle (and the batch's acks) fail.
+    """
+    if delay_s != delay_s:  # NaN
+        return 0
+    return round(min(max(delay_s, 0.0), MAX_DELAY_S) * 1000)
+
+
+def _activate_ms(activate_at: float) -> int:
+    return round(activate_at * 1000) if activate_at == activate_at and activate_at < 1e15 else 0
+
+
+def _int_or_zero(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _settle_take_script() -> str:
@@ -255,15 +376,49 @@ def _settle_take_script() -> str:
 
 
 def _deliveries(reply: list[Any]) -> list[Delivery]:
-    """The take script's reply: now, lock_until, then (id, body, attempts, activate_ms)."""
+    """The take script's reply: now, lock_until, n_suspect, then (id, body, attempts,
+    activate_ms) per job; a negative attempts marks a suspect job (see take.lua)."""
     now_s = int(reply[0]) / 1000
     lock_until = reply[1]
-    # Positional arguments and one zip over the four columns: this runs once per job.
-    return [
-        Delivery(job_id.decode(), body, int(attempts), float(activate_ms) / 1000, now_s,
-                 JSON_CONTENT_TYPE, lock_until)
-        for job_id, body, attempts, activate_ms in zip(
-            reply[2::4], reply[3::4], reply[4::4], reply[5::4], strict=True)
-    ]
+    try:
+        # Positional arguments and one zip over the four columns: this runs once per job.
+        deliveries = [
+            Delivery(job_id.decode(), body, int(attempts), float(activate_ms) / 1000, now_s,
+                     JSON_CONTENT_TYPE, lock_until)
+            for job_id, body, attempts, activate_ms in zip(
+                reply[3::4], reply[4::4], reply[5::4], reply[6::4], strict=True)
+        ]
+    except (UnicodeDecodeError, ValueError):
+        deliveries = _careful_deliveries(reply)
+    if reply[2]:
+        for delivery in deliveries:
+            if delivery.attempts < 0:
+                delivery.attempts, delivery.suspect = -delivery.attempts, True
+    return deliveries
+
+
+def _careful_deliveries(reply: list[Any]) -> list[Delivery]:
+    """The slow path for a take with a job that cannot be read: each such job becomes a
+    delivery marked ``malformed`` (the slot dead-letters it) instead of failing the take
+    and leaving every job of it locked, to fail again at the next take."""
+    now_s = int(reply[0]) / 1000
+    deliveries = []
+    for job_id, body, attempts, activate_ms in zip(
+            reply[3::4], reply[4::4], reply[5::4], reply[6::4], strict=True):
+        problem = ""
+        try:
+            text_id = job_id.decode()
+        except UnicodeDecodeError:
+            # surrogateescape: _wire_id turns it back into the same bytes when settling.
+            text_id, problem = job_id.decode("utf-8", "surrogateescape"), "job id is not UTF-8"
+        try:
+            activate_s = float(activate_ms) / 1000
+        except ValueError:
+            activate_s, problem = now_s, problem or f"activation time {activate_ms!r}"
+        deliveries.append(Delivery(
+            text_id, body, _int_or_zero(attempts), activate_s, now_s, JSON_CONTENT_TYPE,
+            reply[1], malformed=f"malformed: {problem}" if problem else "",
+        ))
+    return deliveries
 
 

@@ -24,3 +24,21 @@ def record(jobs: list[Job]) -> None:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+POISON_QUEUE = os.environ.get("QC_TEST_POISON_QUEUE", "slot-test-poison")
+
+
+@app.queue(POISON_QUEUE, batch_size=4, lock_timeout=2.0, batch_timeout=0.5, max_attempts=3)
+def poison(jobs: list[Job]) -> None:
+    """A job with payload "poison" kills its slot (os._exit) every time it runs; the
+    others are recorded (one line each, after the whole batch ran)."""
+    for job in jobs:
+        if job.payload == "poison":
+            os._exit(70)
+    line = "".join(f"{job.payload}\n" for job in jobs)
+    fd = os.open(f"{LOG_DIR}/poison-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)

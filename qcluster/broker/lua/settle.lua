@@ -1,22 +1,34 @@
 -- Settle a batch in one atomic step: ack (delete), postpone (unlock, activate later),
--- dead (move to the dead-letter set with a reason).
--- KEYS: ready, locked, jobs, attempts, dead zset (id -> dead ms), reasons hash
--- ARGV: n_ack, n_postpone, n_dead, then n_ack ids,
+-- dead (move to the dead-letter set with a reason), release (unlock, ready now, unstarted).
+-- KEYS: ready, locked, jobs, attempts, dead zset (id -> dead ms), reasons hash, wake list
+-- ARGV: n_ack, n_postpone, n_dead, n_release, dead_max_count, dead_max_age_ms,
+--       then n_ack ids,
 --       then n_postpone triples (id, lock_until_ms, delay_ms),
---       then n_dead triples (id, lock_until_ms, reason).
--- Postpone and dead apply only while the caller still holds the lock (its lock_until
--- matches): a slot whose lock expired must not move a job another slot now runs. Both
--- count the take in the attempts hash (take.lua reads it).
+--       then n_dead triples (id, lock_until_ms, reason),
+--       then n_release triples (id, lock_until_ms, activate_ms).
+-- Postpone, dead and release apply only while the caller still holds the lock (its
+-- lock_until matches): a slot whose lock expired must not move a job another slot now
+-- runs. Postpone and dead count the take in the attempts hash (take.lua reads it); a
+-- release does not: the job was never handed to a handler.
+-- The attempts hash holds |takes that ended without an ack|; a negative value says the
+-- last of them ended by lock expiry (take.lua), which a settled take clears.
+-- Dead letters are kept at most dead_max_count per queue and dead_max_age_ms.
 -- Returns the number of jobs settled.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local n_ack, n_post, n_dead = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local i = 4
+local n_ack, n_post = tonumber(ARGV[1]), tonumber(ARGV[2])
+local n_dead, n_release = tonumber(ARGV[3]), tonumber(ARGV[4])
+local i = 7
 local settled = 0
 
 local function holds_lock(id, lock_until)
   local score = redis.call('ZSCORE', KEYS[2], id)
   return score and tonumber(score) == tonumber(lock_until)
+end
+
+local function count_attempt(id)
+  local before = tonumber(redis.call('HGET', KEYS[4], id)) or 0
+  redis.call('HSET', KEYS[4], id, math.abs(before) + 1)
 end
 
 if n_ack > 0 then
@@ -28,15 +40,16 @@ if n_ack > 0 then
   i = i + n_ack
 end
 for _ = 1, n_post do
-  local id, lock_until, delay = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local id, lock_until, delay = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]) or 0
   i = i + 3
   if holds_lock(id, lock_until) then
     redis.call('ZREM', KEYS[2], id)
     redis.call('ZADD', KEYS[1], now + delay, id)
-    redis.call('HINCRBY', KEYS[4], id, 1)
+    count_attempt(id)
     settled = settled + 1
   end
 end
+local died = 0
 for _ = 1, n_dead do
   local id, lock_until, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   i = i + 3
@@ -44,8 +57,40 @@ for _ = 1, n_dead do
     redis.call('ZREM', KEYS[2], id)
     redis.call('ZADD', KEYS[5], now, id)
     redis.call('HSET', KEYS[6], id, reason)
-    redis.call('HINCRBY', KEYS[4], id, 1)
+    count_attempt(id)
     settled = settled + 1
+    died = died + 1
   end
+end
+local released = 0
+for _ = 1, n_release do
+  local id, lock_until, activate = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]) or now
+  i = i + 3
+  if holds_lock(id, lock_until) then
+    redis.call('ZREM', KEYS[2], id)
+    -- Its old activation time (at most now): it keeps its place at the head of the queue.
+    redis.call('ZADD', KEYS[1], math.min(activate, now), id)
+    settled = settled + 1
+    released = released + 1
+  end
+end
+if released > 0 then
+  redis.call('LPUSH', KEYS[7], '1')
+  redis.call('LTRIM', KEYS[7], 0, 15)
+end
+
+-- Dead-letter retention, only when this call added dead letters: the oldest go first.
+local function forget(ids)
+  if #ids == 0 then return end
+  redis.call('ZREM', KEYS[5], unpack(ids))
+  redis.call('HDEL', KEYS[3], unpack(ids))
+  redis.call('HDEL', KEYS[6], unpack(ids))
+  redis.call('HDEL', KEYS[4], unpack(ids))
+end
+if died > 0 then
+  local max_count, max_age = tonumber(ARGV[5]), tonumber(ARGV[6])
+  forget(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. (now - max_age), 'LIMIT', 0, 1000))
+  local over = redis.call('ZCARD', KEYS[5]) - max_count
+  if over > 0 then forget(redis.call('ZRANGE', KEYS[5], 0, math.min(over, 1000) - 1)) end
 end
 return settled

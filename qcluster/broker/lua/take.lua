@@ -1,22 +1,30 @@
 -- Take up to ARGV[1] ready jobs and lock them for ARGV[2] ms, in one atomic step.
 -- KEYS: ready zset (id -> activation ms), locked zset (id -> lock expiry ms),
 --       jobs hash (id -> body), attempts hash (id -> takes so far)
--- Returns {now_ms, next_ms|false, id, body, attempts, activate_ms, ...}
+-- Returns {now_ms, next_ms|false} when nothing is ready, else
+-- {now_ms, lock_until_ms, n_suspect, id, body, attempts, activate_ms, ...} where a
+-- negative attempts marks a suspect job: its previous take ended by lock expiry.
 -- Times come from the Redis server's clock, never the client's.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local max_jobs = tonumber(ARGV[1])
+-- Capped here, whatever the caller asks: unpack() below fails above a few thousand
+-- values, and a script that fails after ZREMRANGEBYRANK would strand the jobs it removed.
+local max_jobs = math.max(1, math.min(tonumber(ARGV[1]) or 1, 2000))
 local lock_until = now + tonumber(ARGV[2])
 
 -- Expired locks: their slot died or hung; the jobs are ready again from now, and the
--- take that died counts as an attempt (a job acked meanwhile is skipped below).
+-- take that died counts as an attempt (a job acked meanwhile is skipped below). The
+-- count is stored negative: the job is suspect (it may be what killed its slot).
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
 if #expired > 0 then
   local back = {}
   for i, id in ipairs(expired) do
     back[2 * i - 1] = now
     back[2 * i] = id
-    if redis.call('HEXISTS', KEYS[3], id) == 1 then redis.call('HINCRBY', KEYS[4], id, 1) end
+    if redis.call('HEXISTS', KEYS[3], id) == 1 then
+      local before = tonumber(redis.call('HGET', KEYS[4], id)) or 0
+      redis.call('HSET', KEYS[4], id, -(math.abs(before) + 1))
+    end
   end
   redis.call('ZADD', KEYS[1], unpack(back))
   redis.call('ZREM', KEYS[2], unpack(expired))
@@ -52,11 +60,17 @@ local bodies = redis.call('HMGET', KEYS[3], unpack(ids))
 local before = {}
 if redis.call('EXISTS', KEYS[4]) == 1 then before = redis.call('HMGET', KEYS[4], unpack(ids)) end
 
-local out = {now, lock_until}
+local out = {now, lock_until, 0}
 local gone = {}
+local suspects = 0
 for i = 1, n do
   if bodies[i] then
-    local attempts = (tonumber(before[i]) or 0) + 1
+    local past = tonumber(before[i]) or 0
+    local attempts = math.abs(past) + 1
+    if past < 0 then
+      attempts = -attempts
+      suspects = suspects + 1
+    end
     out[#out + 1] = ids[i]
     out[#out + 1] = bodies[i]
     out[#out + 1] = attempts
@@ -67,4 +81,5 @@ for i = 1, n do
   end
 end
 if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
+out[3] = suspects
 return out

@@ -1,0 +1,39 @@
+"""The queue-name rule, in one place.
+
+A queue name is 1-128 characters: a letter or digit, then letters, digits, ``_``, ``.``,
+``:`` or ``-``. No spaces, brackets, braces or slashes: a name is part of Redis keys
+(``qc:{NAME}:ready``; a brace would move it out of its hash tag), of RabbitMQ queue
+names, and is printed by rich (brackets are markup). Every entry point checks it:
+``App.queue``, ``Client`` enqueue and the brokers.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from qcluster.errors import InvalidQueueName
+
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
+
+
+@lru_cache(maxsize=4096)
+def _checked(name: str) -> str:
+    # fullmatch: "$" alone would accept a trailing newline.
+    if not _QUEUE_NAME.fullmatch(name):
+        raise InvalidQueueName(
+            f"invalid queue name {name!r}: use 1-128 letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def check_queue_name(name: str) -> str:
+    """``name`` if it is a valid queue name; :class:`InvalidQueueName` (a ValueError) if not.
+
+    Cached: brokers call it on every publish and take.
+    """
+    if not isinstance(name, str):
+        raise InvalidQueueName(f"queue name must be a string, not {type(name).__name__}")
+    return _checked(name)

@@ -1,0 +1,145 @@
+"""Issue 15, core part: pure rules (names, delays, handlers) and a Redis client that
+must not hang on a silent server. Each test failed on the code before its fix."""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from qcluster import App, Job
+from qcluster.broker.redis_broker import RedisBroker, _delay_ms
+from qcluster.errors import BrokerUnavailable, ConfigError, InvalidDelay, InvalidQueueName
+from qcluster.job import MAX_DELAY_S, check_delay
+from qcluster.names import QUEUE_NAME_PATTERN, check_queue_name
+
+# --- names ---------------------------------------------------------------------------
+
+
+@given(st.from_regex(QUEUE_NAME_PATTERN, fullmatch=True))
+def test_every_name_of_the_rule_is_accepted(name: str) -> None:
+    assert check_queue_name(name) == name
+
+
+@given(st.text(max_size=140))
+def test_a_name_is_accepted_only_if_it_is_safe_in_keys_and_markup(name: str) -> None:
+    try:
+        check_queue_name(name)
+    except InvalidQueueName:
+        return
+    assert 1 <= len(name) <= 128
+    assert not set(name) & set("{}[]/ \n\t\\\"'"), name
+
+
+def test_a_trailing_newline_is_not_a_valid_name() -> None:
+    with pytest.raises(InvalidQueueName):
+        check_queue_name("emails\n")
+
+
+# --- delays --------------------------------------------------------------------------
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_a_delay_is_accepted_only_finite_and_within_a_year(delay: float) -> None:
+    ok = math.isfinite(delay) and 0 <= delay <= MAX_DELAY_S
+    if ok:
+        assert check_delay(delay) == delay
+    else:
+        with pytest.raises(InvalidDelay):
+            check_delay(delay)
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_settling_never_fails_on_a_delay(delay: float) -> None:
+    assert 0 <= _delay_ms(delay) <= MAX_DELAY_S * 1000
+
+
+def test_job_retry_refuses_nan_infinity_negative_and_huge() -> None:
+    job = Job(id="j", queue="q", payload=None, attempts=1, enqueued_at=0, activate_at=0)
+    for bad in (float("nan"), float("inf"), -1.0, 1e15):
+        with pytest.raises(ValueError, match="retry delay"):
+            job.retry(bad)
+    assert job.outcome is None
+    job.retry(2.5)
+    assert (job.outcome, job.retry_delay_s) == ("retry", 2.5)
+
+
+# --- handlers ------------------------------------------------------------------------
+
+
+def test_async_handlers_are_refused_at_registration() -> None:
+    app = App()
+
+    async def batch(jobs: list[Job]) -> None: ...
+
+    async def each(job: Job) -> None: ...
+
+    async def generator(jobs: list[Job]):
+        yield None
+
+    class AsyncCallable:
+        async def __call__(self, jobs: list[Job]) -> None: ...
+
+    with pytest.raises(ConfigError, match="is async"):
+        app.queue("a")(batch)
+    with pytest.raises(ConfigError, match="is async"):
+        app.job_queue("b")(each)
+    with pytest.raises(ConfigError, match="is async"):
+        app.queue("c")(generator)
+    with pytest.raises(ConfigError, match="is async"):
+        app.queue("d")(AsyncCallable())
+    assert app.queues == {}
+
+
+# --- Redis on a dead link ------------------------------------------------------------
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP server that accepts connections and never answers (a hung Redis)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+                accepted.append(conn)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    for conn in accepted:
+        conn.close()
+    listener.close()
+
+
+def test_a_take_on_a_silent_redis_ends_in_a_clear_error(silent_server: int) -> None:
+    broker = RedisBroker.from_url(f"redis://127.0.0.1:{silent_server}/0")
+    outcome: list[BaseException | object] = []
+
+    def take() -> None:
+        try:
+            outcome.append(broker.take("q", max_jobs=1, lock_timeout_s=5, wait_s=0))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    thread.join(timeout=60)  # generous: the client gives up after SOCKET_TIMEOUT_S
+    assert not thread.is_alive(), "take still blocked on a server that never answers"
+    assert len(outcome) == 1 and isinstance(outcome[0], BrokerUnavailable), outcome
+    assert "unreachable" in str(outcome[0])
