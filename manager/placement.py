@@ -88,8 +88,12 @@ def place(
         if used[host] > capacity[host]:
             _trim_host(row, capacity[host], rank)
             used[host] = sum(row.values())
+    placed_now: dict[str, int] = {}
+    for row in slot_map.values():
+        for queue, n in row.items():
+            placed_now[queue] = placed_now.get(queue, 0) + n
     for queue in order:
-        placed = sum(row.get(queue, 0) for row in slot_map.values())
+        placed = placed_now.get(queue, 0)
         if planned.get(queue, 0) > placed:
             hosts = [h for h in slot_map if can_serve(h, queue)]
             _add(slot_map, used, capacity, queue, planned[queue] - placed, hosts)

@@ -1,25 +1,39 @@
 """How many slots each queue needs: pure functions, no clock, no I/O.
 
-For queue q over the window, with ``n`` current slots, ``P`` jobs processed, ``T_busy``
+For queue q over the window (``span`` seconds), with ``P`` jobs processed, ``T_busy``
 handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
 
 * ``t = T_busy / P`` (the policy's estimate while nothing was measured),
-* ``load = (T_busy + B * t) / T_alive`` — above 1 when work waits (the seed's load),
-* ``needed = ceil(n * load / target_utilization)``, raised so the backlog drains within
-  the queue's ``target_wait`` when it has one, clamped to ``[min_slots, max_slots]``;
-* hysteresis: ``n`` is kept while ``load / target_utilization`` stays within the
-  priority's tolerance band (narrower for higher priorities: they react faster);
+* ``load = (T_busy + B * t) / T_alive`` — above 1 when work waits (the seed's load, shown);
+* the base is the **work arriving**, in slot-seconds per second: jobs that arrived since
+  the previous round (done + backlog growth) times ``t``, over the round's seconds,
+  smoothed across rounds unless the count is beyond Poisson noise of the estimate (then
+  taken at once: a real change); the window's busy time over its span on the first round;
+* ``want = work / target_utilization + B * t / H`` slots, where the backlog drains within
+  ``H`` = the queue's ``target_wait`` (or 60 s, the seed's default window);
+* hysteresis is anchored on the **previous plan**, not on the running count (which lags
+  the plan while masters fork and drain): the plan is kept while ``want / plan`` stays
+  within the priority's band (narrower for higher priorities: they react faster);
+* up: once ``want`` stayed above the band for two rounds and the last move has landed
+  (running == planned), to the least those rounds wanted; at once to ``ceil(want)`` when
+  ``want`` is beyond the band by far;
+* down: only after ``want`` stayed below the band for ``hold_rounds(priority)`` rounds in a
+  row (longer for higher priorities) over at least 200 jobs, then to the most those
+  rounds wanted;
 * a queue with backlog and no measurement yet starts with enough slots for its backlog
   in batches, capped by ``max_slots``;
 * when the cluster's capacity is short: minimums first in priority order, then the rest
   in priority order.
+
+The previous round's :class:`QueuePlan` is the planner's only memory; the caller passes it
+back in (``QueueInput.previous``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qcluster.policy import QueuePolicy
 
@@ -28,6 +42,27 @@ BASE_BAND = 0.30
 BAND_STEP = 0.02
 MIN_BAND = 0.10
 MAX_BAND = 0.50
+#: The band's upper edge is capped so that slots never run busier than this.
+MAX_UTILIZATION = 0.95
+#: Beyond ``1 + FAR_BANDS * band`` the planner moves even while the last move is landing.
+FAR_BANDS = 3.0
+#: Rounds ``want`` must stay above the band (not far above) before slots are added: one
+#: noisy round of arrivals does not move the plan.
+UP_ROUNDS = 2
+#: Rounds ``want`` must stay below the band before slots are released: the base, one more
+#: per priority step (a high-priority queue keeps its slots for the next burst), the limits.
+BASE_HOLD_ROUNDS = 5
+MIN_HOLD_ROUNDS = 3
+MAX_HOLD_ROUNDS = 30
+#: A release needs this many jobs counted below the band (fewer: the count is noise).
+MIN_RELEASE_JOBS = 200
+#: The arrival estimate: a round's count moves the running estimate by this share, unless it
+#: is more than JUMP_SIGMAS Poisson deviations from it (the rate changed: take it at once).
+SMOOTHING = 0.25
+JUMP_SIGMAS = 4.0
+#: Without a target_wait the backlog drains over this many seconds (the seed's load drains
+#: it over the window, 60 s by default).
+DRAIN_S = 60.0
 #: Less slot time than this in the window is no measurement (the load would be noise).
 MIN_ALIVE_S = 1.0
 
@@ -40,17 +75,27 @@ class QueueWindow:
     busy_s: float = 0.0
     alive_s: float = 0.0
     backlog: int = 0
+    span_s: float = 0.0
+    """Seconds the sums cover (0: unknown)."""
+    recent_s: float = 0.0
+    """Seconds since the previous planning round that ``recent_processed`` covers."""
+    recent_processed: int = 0
 
 
-@dataclass(frozen=True)
-class QueueInput:
-    name: str
-    policy: QueuePolicy
-    current: int
-    window: QueueWindow
-    paused: bool = False
-    servable: bool = True
-    """False when no live host's application declares the queue: no slot could run it."""
+class Why:
+    """A reason, formatted only when read: a plan is made every round for every queue,
+    its reason is read when the plan changed or a person looks."""
+
+    __slots__ = ("args", "template")
+
+    def __init__(self, template: str, *args: object) -> None:
+        self.template, self.args = template, args
+
+    def __str__(self) -> str:
+        return self.template.format(*self.args)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 @dataclass(frozen=True)
@@ -63,7 +108,55 @@ class QueuePlan:
     load: float
     band: float
     mean_job_s: float
-    reason: str
+    why: Why
+    backlog: int = 0
+    """Ready jobs at this round (the next round's arrivals are done + backlog growth)."""
+    work: float = 0.0
+    """Slot-seconds of work arriving per second, as this round estimated it."""
+    low_rounds: int = 0
+    """Rounds in a row the queue wanted fewer slots than planned (scale-down hold)."""
+    low_peak: int = 0
+    """The most slots wanted during those rounds: what a release goes down to."""
+    low_jobs: int = 0
+    """Jobs counted during those rounds (a release needs enough of them to trust)."""
+    high_rounds: int = 0
+    """Rounds in a row the queue wanted more (not far more) slots than planned."""
+    high_floor: int = 0
+    """The fewest slots wanted during those rounds: what a rise goes up to."""
+
+    @property
+    def reason(self) -> str:
+        """Why: the numbers the decision used, e.g. ``mail: load 240%, ... 4 -> 9 slots``."""
+        return str(self.why)
+
+
+@dataclass(frozen=True)
+class QueueInput:
+    name: str
+    policy: QueuePolicy
+    current: int
+    """Slots running now (lags the plan while masters fork and drain)."""
+    window: QueueWindow
+    paused: bool = False
+    servable: bool = True
+    """False when no live host's application declares the queue: no slot could run it."""
+    previous: QueuePlan | None = None
+    """This queue's plan of the previous round (None on the first round)."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """One queue's need, with the numbers the decision used."""
+
+    needed: int
+    load: float
+    why: Why | str
+    work: float = 0.0
+    low_rounds: int = 0
+    low_peak: int = 0
+    low_jobs: int = 0
+    high_rounds: int = 0
+    high_floor: int = 0
 
 
 def band_for(priority: int) -> float:
@@ -71,9 +164,16 @@ def band_for(priority: int) -> float:
     return min(MAX_BAND, max(MIN_BAND, BASE_BAND - BAND_STEP * priority))
 
 
+def hold_rounds(priority: int) -> int:
+    """Rounds below the band before slots are released; longer for higher priority."""
+    return min(MAX_HOLD_ROUNDS, max(MIN_HOLD_ROUNDS, BASE_HOLD_ROUNDS + priority))
+
+
 def mean_job_seconds(window: QueueWindow, policy: QueuePolicy) -> float:
     if window.processed > 0 and window.busy_s > 0:
-        return window.busy_s / window.processed
+        measured = window.busy_s / window.processed
+        if measured > 0:  # not a float underflow
+            return measured
     return policy.est_job_seconds
 
 
@@ -85,39 +185,114 @@ def queue_load(window: QueueWindow, policy: QueuePolicy) -> float:
     return work / window.alive_s
 
 
+def work_rate(queue: QueueInput, job_s: float) -> tuple[float, int, Why]:
+    """Slot-seconds of work arriving per second, the jobs it was counted on, and where the
+    figure comes from."""
+    window, previous = queue.window, queue.previous
+    if previous is not None and window.recent_s > 0:
+        arrived = max(0, window.recent_processed + window.backlog - previous.backlog)
+        seen = Why("{} arrived in {:g}s", arrived, window.recent_s)
+        now = arrived * job_s / window.recent_s
+        expected = previous.work * window.recent_s / job_s
+        if abs(arrived - expected) > JUMP_SIGMAS * math.sqrt(expected + 1):
+            # Beyond counting noise: the rate changed, take it at once.
+            return now, arrived, Why("{}, a change", seen)
+        smoothed = previous.work + SMOOTHING * (now - previous.work)
+        return smoothed, arrived, Why("{}, smoothed", seen)
+    if window.span_s > 0:
+        busy = Why("busy {:.1f}s in {:g}s", window.busy_s, window.span_s)
+        return window.busy_s / window.span_s, window.processed, busy
+    # No span known: the seed's base, busy share of slot time times the running slots.
+    share = window.busy_s / window.alive_s if window.alive_s > 0 else 0.0
+    return share * queue.current, window.processed, Why("busy {:.0%} of {} slots", share,
+                                                         queue.current)
+
+
 def _clamp(value: int, policy: QueuePolicy) -> int:
     return max(policy.min_slots, min(policy.max_slots, value))
 
 
-def needed_slots(queue: QueueInput, target_utilization: float) -> tuple[int, float, str]:
-    """(needed slots, load, why) for one queue, ignoring the other queues."""
-    policy, window, n = queue.policy, queue.window, queue.current
+def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
+    """One queue's need, ignoring the other queues."""
+    policy, window, previous = queue.policy, queue.window, queue.previous
     load = queue_load(window, policy)
-    band = band_for(policy.priority)
     if queue.paused:
-        return 0, load, "paused"
+        return Need(0, load, "paused")
     if not queue.servable:
-        return 0, load, "served by no live host"
-    if window.alive_s < MIN_ALIVE_S:
+        return Need(0, load, "served by no live host")
+    anchor = _clamp(previous.planned if previous is not None else queue.current, policy)
+    if window.alive_s < MIN_ALIVE_S and window.processed == 0 and anchor == queue.current:
         batches = math.ceil(window.backlog / policy.batch_size)
-        needed = _clamp(max(n, batches), policy)
-        return needed, load, f"backlog {window.backlog} in batches of {policy.batch_size}"
-    ratio = load / target_utilization
-    in_band = abs(ratio - 1.0) <= band and n > 0 and policy.min_slots <= n <= policy.max_slots
-    if in_band:
-        needed, why = n, f"load {load:.0%} within {target_utilization:.0%} ±{band:.0%}"
-    else:
-        side = ">" if ratio > 1 else "<"
-        edge = target_utilization * (1 + band if ratio > 1 else 1 - band)
-        wanted = max(n, 1) * ratio
-        needed = policy.max_slots if wanted >= policy.max_slots else math.ceil(wanted)
-        why = f"load {load:.0%} {side} {edge:.0%} (band ±{band:.0%})"
-    t = mean_job_seconds(window, policy)
-    if policy.target_wait and window.backlog:
-        drain = math.ceil(window.backlog * t / policy.target_wait)
-        if drain > needed:
-            needed, why = drain, f"{why}; backlog drains within {policy.target_wait:g}s"
-    return _clamp(needed, policy), load, why
+        needed = _clamp(max(anchor, batches), policy)
+        return Need(needed, load, f"backlog {window.backlog} in batches of {policy.batch_size}")
+    job_s = mean_job_seconds(window, policy)
+    work, counted, source = work_rate(queue, job_s)
+    horizon = DRAIN_S
+    if policy.target_wait:
+        horizon = min(horizon, policy.target_wait)
+    # Capped: a ratio over a sliver of slot time could be astronomically large.
+    want = min(work / target_utilization + window.backlog * job_s / horizon,
+               policy.max_slots + 1.0)
+    band = band_for(policy.priority)
+    basis = Why("load {:.0%}, work {:.2f} slot-s/s ({}, {:.3g} ms/job) + backlog drain in {:g}s"
+                " = {:.2f} slots at {:.0%}", load, work, source, job_s * 1000, horizon, want,
+                target_utilization)
+    ratio = want / anchor if anchor else (math.inf if want > 0 else 1.0)
+    # The upper edge never lets the plan run its slots past MAX_UTILIZATION: above that,
+    # work waits however wide the priority's band.
+    upper = min(1 + band, MAX_UTILIZATION / target_utilization)
+    if ratio > upper:
+        above = Why("{} > {} +{:.0%}", basis, anchor, upper - 1)
+        return _up(queue, want, ratio, band, Need(anchor, load, above, work))
+    if ratio < 1 - band and anchor > policy.min_slots:
+        # Jobs a round would bring at the band's lower edge: a streak that should have
+        # counted many of them and did not is evidence enough, however few it counted.
+        edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
+        return _down(queue, want, counted, edge_jobs, Need(
+            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work))
+    return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, band, upper - 1),
+                work)
+
+
+def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -> Need:
+    """Above the band: up at once when far above, else after UP_ROUNDS rounds in a row
+    (to the least any of them wanted) once the last move has landed."""
+    previous, anchor = queue.previous, keep.needed
+    streak = previous is not None and previous.high_rounds > 0
+    high_rounds = (previous.high_rounds if streak and previous else 0) + 1
+    floor = min(previous.high_floor if streak and previous else math.ceil(want),
+                math.ceil(want))
+    landed = previous is None or queue.current == previous.planned
+    if ratio > 1 + FAR_BANDS * band or anchor == 0:
+        return replace(keep, needed=_clamp(math.ceil(want), queue.policy),
+                       why=Why("{} by far", keep.why))
+    if landed and high_rounds >= UP_ROUNDS:
+        return replace(keep, needed=_clamp(max(floor, anchor + 1), queue.policy),
+                       why=Why("{} for {} rounds, least wanted {}", keep.why, high_rounds, floor))
+    wait = (Why("waiting for the last move to land ({} of {} running)", queue.current, anchor)
+            if not landed else Why("{} of {} rounds", high_rounds, UP_ROUNDS))
+    return replace(keep, why=Why("{}, {}", keep.why, wait), high_rounds=high_rounds,
+                   high_floor=floor)
+
+
+def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, keep: Need) -> Need:
+    """Below the band: held for hold_rounds(priority) rounds in a row and until the streak
+    is significant (it counted MIN_RELEASE_JOBS jobs, or the band's edge would have brought
+    that many, or MAX_HOLD_ROUNDS passed), then down to the most any round wanted."""
+    previous = queue.previous
+    streak = previous is not None and previous.low_rounds > 0
+    low_rounds = (previous.low_rounds if streak and previous else 0) + 1
+    low_peak = max(previous.low_peak if streak and previous else 0, math.ceil(want))
+    low_jobs = (previous.low_jobs if streak and previous else 0) + counted
+    hold = hold_rounds(queue.policy.priority)
+    landed = previous is None or queue.current == previous.planned
+    enough = (max(low_jobs, edge_jobs * low_rounds) >= MIN_RELEASE_JOBS
+              or low_rounds >= MAX_HOLD_ROUNDS)
+    if low_rounds >= hold and enough and landed:
+        return replace(keep, needed=_clamp(low_peak, queue.policy),
+                       why=Why("{} for {} rounds, most wanted {}", keep.why, low_rounds, low_peak))
+    return replace(keep, why=Why("{}, held {} of {} rounds", keep.why, low_rounds, hold),
+                   low_rounds=low_rounds, low_peak=low_peak, low_jobs=low_jobs)
 
 
 def share_capacity(
@@ -145,29 +320,27 @@ def plan(
     queues: Sequence[QueueInput], capacity: int, target_utilization: float = 0.8
 ) -> dict[str, QueuePlan]:
     """Every queue's planned slots for this round, each with a reason."""
-    needs: dict[str, int] = {}
-    loads: dict[str, float] = {}
-    whys: dict[str, str] = {}
-    for queue in queues:
-        needs[queue.name], loads[queue.name], whys[queue.name] = needed_slots(
-            queue, target_utilization
-        )
+    needs = {queue.name: needed_slots(queue, target_utilization) for queue in queues}
     policies = {q.name: q.policy for q in queues}
     paused = frozenset(q.name for q in queues if q.paused)
-    granted = share_capacity(needs, policies, capacity, paused)
+    granted = share_capacity({n: need.needed for n, need in needs.items()}, policies, capacity,
+                             paused)
     plans = {}
     for queue in queues:
-        got, need = granted[queue.name], needs[queue.name]
-        why = whys[queue.name]
-        if got < need:
-            why += f"; capacity short: {got} of {need} needed"
-        reason = (
-            f"{queue.name}: {why}, backlog {queue.window.backlog}, "
-            f"{queue.current} -> {got} slots"
-        )
+        need = needs[queue.name]
+        got = granted[queue.name]
+        why = need.why
+        if got < need.needed:
+            why = Why("{}; capacity short: {} of {} needed", why, got, need.needed)
+        before = queue.previous.planned if queue.previous is not None else queue.current
+        reason = Why("{}: {}, backlog {}, {} -> {} slots", queue.name, why,
+                     queue.window.backlog, before, got)
         plans[queue.name] = QueuePlan(
-            name=queue.name, current=queue.current, needed=need, planned=got,
-            load=loads[queue.name], band=band_for(queue.policy.priority),
-            mean_job_s=mean_job_seconds(queue.window, queue.policy), reason=reason,
+            name=queue.name, current=queue.current, needed=need.needed, planned=got,
+            load=need.load, band=band_for(queue.policy.priority),
+            mean_job_s=mean_job_seconds(queue.window, queue.policy), why=reason,
+            backlog=queue.window.backlog, work=need.work, low_rounds=need.low_rounds,
+            low_peak=need.low_peak, low_jobs=need.low_jobs, high_rounds=need.high_rounds,
+            high_floor=need.high_floor,
         )
     return plans

@@ -151,11 +151,18 @@ class ClusterState:
         cutoff = now - self.cfg.window_s
         while track.samples and track.samples[0].at < cutoff:
             track.samples.popleft()
+        # The planner's base is the work arriving since its previous round (done + backlog
+        # growth), so it also gets the jobs done in the last interval and what the sums span.
+        recent = [s for s in track.samples if s.at > now - self.cfg.interval_s]
+        span = (now - min(s.at - s.covers_s for s in track.samples)) if track.samples else 0.0
         return QueueWindow(
             processed=sum(s.processed for s in track.samples),
             busy_s=sum(s.busy_s for s in track.samples),
             alive_s=sum(s.alive_s for s in track.samples),
             backlog=self.stats.get(queue, QueueStats()).ready,
+            span_s=min(span, self.cfg.window_s),
+            recent_s=self.cfg.interval_s if self.planned_once else 0.0,
+            recent_processed=sum(s.processed for s in recent),
         )
 
     def running(self, alive: dict[str, HostEntry]) -> dict[str, dict[str, int]]:
@@ -173,7 +180,8 @@ class ClusterState:
             inputs = [
                 QueueInput(name, policy, sum(row.get(name, 0) for row in running.values()),
                            self.window(name, now), paused=name in self.paused,
-                           servable=any(name in queues for queues in serves.values()))
+                           servable=any(name in queues for queues in serves.values()),
+                           previous=self.plans.get(name))
                 for name, policy in sorted(policies.items())
             ]
             capacity = {name: e.report.capacity_slots for name, e in alive.items()}

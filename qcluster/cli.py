@@ -288,6 +288,7 @@ _ROLE_COMMANDS = {
     "master": "master.cli:master",
     "manager": "manager.cli:manager",
     "demo": "qcluster.demo:demo",
+    "simulate": "manager.simulator.cli:simulate",
 }
 
 

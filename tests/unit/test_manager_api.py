@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from admin_ui.source import ClusterSource
 from manager.api import ManagerService, create_app
+from manager.planning import MAX_HOLD_ROUNDS
 from manager.state import ClusterState
 from qcluster.broker import open_broker
 from qcluster.config import load_settings
@@ -46,6 +47,9 @@ def test_report_round_trip_and_cluster_shape(client: TestClient, service: Manage
     service.round()  # one planning round against the real broker (empty queue)
     view = client.get("/api/v1/cluster").json()
     queue = next(q for q in view["queues"] if q["name"] == queue_name)
+    for _ in range(MAX_HOLD_ROUNDS):  # an idle queue's slot is released after the hold
+        service.round()
+    view = client.get("/api/v1/cluster").json()
     assert {"name", "priority", "min_slots", "max_slots", "slots_current", "slots_planned",
             "load", "backlog", "locked", "delayed", "dead", "rate_in", "rate_out",
             "mean_job_seconds"} <= set(queue)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from manager.planning import QueueInput, QueueWindow, band_for, plan
+from manager.planning import (
+    MAX_UTILIZATION,
+    QueueInput,
+    QueuePlan,
+    QueueWindow,
+    Why,
+    band_for,
+    hold_rounds,
+    plan,
+)
 from qcluster.policy import QueuePolicy
 
 TU = 0.8
@@ -52,16 +62,22 @@ def test_bounds_when_capacity_is_ample(queue: QueueInput) -> None:
     assert queue.policy.min_slots <= planned <= queue.policy.max_slots
 
 
-@given(queue_inputs(), st.floats(-0.99, 0.99))
-def test_hysteresis_keeps_slots_inside_the_band(queue: QueueInput, where: float) -> None:
+@given(queue_inputs(), st.floats(-0.99, 0.99), st.integers(0, 40))
+def test_hysteresis_keeps_the_plan_inside_the_band(queue: QueueInput, where: float,
+                                                   running: int) -> None:
+    """Inside the band the previous plan stands, whatever count is running meanwhile
+    (the band's upper edge is capped so slots never run past 95% busy)."""
     policy = queue.policy
     n = max(1, policy.min_slots)
     assume(n <= policy.max_slots)
     band = band_for(policy.priority)
-    load = TU * (1 + where * band)
-    window = QueueWindow(processed=1000, busy_s=load * 100.0, alive_s=100.0, backlog=0)
-    planned = plan([QueueInput("q", policy, n, window)], BIG, TU)["q"].planned
-    assert planned == n
+    edge = band if where < 0 else min(band, MAX_UTILIZATION / TU - 1)
+    work = n * TU * (1 + where * edge)  # slot-seconds of work per second
+    previous = QueuePlan("q", n, n, n, 0.5, band, 1.0, Why(""), work=work)
+    window = QueueWindow(processed=round(work * 60), busy_s=work * 60.0, alive_s=n * 60.0,
+                         backlog=0, span_s=60.0, recent_s=2.0, recent_processed=round(work * 2))
+    decision = plan([QueueInput("q", policy, running, window, previous=previous)], BIG, TU)
+    assert decision["q"].planned == n
 
 
 def test_higher_priority_has_a_narrower_band() -> None:
@@ -122,12 +138,118 @@ def test_reason_carries_the_numbers() -> None:
 
 
 def test_reason_reads_like_the_design_example() -> None:
-    policy = make_policy(max_slots=50)  # priority 0: band ±30%
-    window = QueueWindow(processed=1000, busy_s=100.0, alive_s=40.0, backlog=12000)
+    # Was: "> 104% (band ±30%)" (the seed's reason, whose numbers were not the decision's).
+    policy = make_policy(max_slots=50)  # priority 0: band -30%, up edge capped at 95% busy
+    window = QueueWindow(processed=1000, busy_s=100.0, alive_s=40.0, backlog=12000,
+                         span_s=60.0)
     reason = plan([QueueInput("mail", policy, 4, window)], BIG, TU)["mail"].reason
-    assert reason.startswith("mail: load ")
-    assert "> 104% (band ±30%)" in reason and ", backlog 12000, 4 -> " in reason
-    assert reason.endswith(" slots")
+    assert reason.startswith("mail: load 3250%, work 1.67 slot-s/s (busy 100.0s in 60s")
+    # 1.67 / 0.8 + 12000 jobs x 0.1 s / 60 s = 22.08 slots: the figure the move used.
+    assert "= 22.08 slots at 80% > 4 +19% by far" in reason
+    assert reason.endswith(", backlog 12000, 4 -> 23 slots")
+
+
+def test_reason_names_the_move_the_log_shows() -> None:
+    """The decision log shows previous plan -> new plan; the reason says the same."""
+    policy = make_policy(max_slots=20)
+    previous = QueuePlan("q", current=5, needed=8, planned=8, load=0.5, band=0.3,
+                         mean_job_s=0.01, why=Why("earlier"), backlog=0, work=5.0)
+    window = QueueWindow(processed=60_000, busy_s=600.0, alive_s=480.0, backlog=0,
+                         span_s=60.0, recent_s=2.0, recent_processed=1000)
+    decision = plan([QueueInput("q", policy, 5, window, previous=previous)], BIG, TU)["q"]
+    assert decision.reason.endswith(f", 8 -> {decision.planned} slots")
+
+
+# --- the flapping fix (issue 14): each of these fails on the planner before it ------------
+
+def steady(current: int, rate_jobs: int, job_s: float = 0.01) -> QueueWindow:
+    """A window of a flat rate: ``rate_jobs`` per 2 s round, no backlog."""
+    return QueueWindow(processed=rate_jobs * 30, busy_s=rate_jobs * 30 * job_s,
+                       alive_s=max(current, 1) * 60.0, backlog=0, span_s=60.0, recent_s=2.0,
+                       recent_processed=rate_jobs)
+
+
+def test_hysteresis_is_anchored_on_the_previous_plan_not_the_running_count() -> None:
+    """8 planned, 5 running while the masters fork: a flat rate needing 8 keeps 8 (it was
+    8 -> 5 -> 8 -> 5 in the demo)."""
+    policy = make_policy(max_slots=16, priority=5)
+    previous = None
+    planned = []
+    for current in (0, 5, 5, 6, 8, 8, 5, 8):  # masters lag, a host restarts slots
+        # 1200 jobs of 10 ms per 2 s: 6 slot-seconds a second, 7.5 slots at 80%.
+        window = steady(current, rate_jobs=1200, job_s=0.01)
+        decision = plan([QueueInput("resize", policy, current, window, previous=previous)],
+                        BIG, TU)["resize"]
+        planned.append(decision.planned)
+        previous = decision
+    moves = sum(1 for a, b in itertools.pairwise(planned) if a != b)
+    assert moves <= 1, planned
+
+
+def test_base_is_work_per_second_not_the_count_times_a_ratio() -> None:
+    """3 slot-seconds of work a second want 3 / 0.8 = 3.75 slots however many run (the
+    seed's base, running count x load / target, wanted 3.75 from 1 and 45 from 12)."""
+    policy = make_policy(max_slots=50)
+    for running in (1, 2, 12):
+        window = QueueWindow(processed=18_000, busy_s=180.0, alive_s=running * 60.0,
+                             backlog=0, span_s=60.0)
+        reason = plan([QueueInput("q", policy, running, window)], BIG, TU)["q"].reason
+        assert "work 3.00 slot-s/s" in reason and "= 3.75 slots at 80%" in reason, reason
+
+
+@given(st.integers(0, 10))
+def test_release_waits_longer_for_higher_priority(priority: int) -> None:
+    def rounds_to_release(prio: int) -> int:
+        policy = make_policy(priority=prio, max_slots=20)
+        previous = QueuePlan("q", 10, 10, 10, 0.5, band_for(prio), 0.01, Why(""), work=6.0)
+        for rounds in range(1, 60):
+            window = steady(10, rate_jobs=100)  # 0.5 slot-s/s: wants 1 slot
+            previous = plan([QueueInput("q", policy, 10, window, previous=previous)],
+                            BIG, TU)["q"]
+            if previous.planned < 10:
+                return rounds
+        return 60
+
+    assert rounds_to_release(priority) == hold_rounds(priority)
+    assert hold_rounds(priority + 1) >= hold_rounds(priority)
+
+
+def test_no_move_while_the_last_move_lands_unless_far() -> None:
+    policy = make_policy(priority=0, max_slots=40)
+    # 6 planned, already one round above the band: 1280 jobs of 10 ms per 2 s want 8.
+    previous = QueuePlan("q", 2, 6, 6, 0.5, 0.3, 0.01, Why(""), work=6.4, high_rounds=1,
+                         high_floor=8)
+    landing = plan([QueueInput("q", policy, 3, steady(3, rate_jobs=1280), previous=previous)],
+                   BIG, TU)["q"]
+    assert landing.planned == 6 and "waiting for the last move to land (3 of 6" in landing.reason
+    landed = plan([QueueInput("q", policy, 6, steady(6, rate_jobs=1280), previous=previous)],
+                  BIG, TU)["q"]
+    assert landed.planned == 8
+    burst = QueueWindow(processed=36_000, busy_s=360.0, alive_s=180.0, backlog=200_000,
+                        span_s=60.0, recent_s=2.0, recent_processed=1000)
+    far = plan([QueueInput("q", policy, 3, burst, previous=previous)], BIG, TU)["q"]
+    assert far.planned > 8 and "by far" in far.reason
+
+
+@given(st.integers(1, 5_000), st.sampled_from([0.001, 0.01, 0.1]),
+       st.lists(st.integers(0, 3), min_size=20, max_size=20), st.integers(-5, 10))
+def test_a_flat_rate_moves_the_plan_at_most_once(rate: int, job_s: float, lag: list[int],
+                                                  priority: int) -> None:
+    """Whatever the masters' lag (running = plan minus 0..3), a flat arrival rate settles
+    the plan in at most one move after the first decision, and never flaps back."""
+    policy = make_policy(priority=priority, max_slots=100)
+    previous: QueuePlan | None = None
+    planned = []
+    for behind in lag:
+        current = max(0, (previous.planned if previous else 0) - behind)
+        window = QueueWindow(processed=rate * 30, busy_s=rate * 30 * job_s,
+                             alive_s=max(current, 1) * 60.0, backlog=0, span_s=60.0,
+                             recent_s=2.0, recent_processed=rate)
+        previous = plan([QueueInput("q", policy, current, window, previous=previous)],
+                        BIG, TU)["q"]
+        planned.append(previous.planned)
+    moves = [(a, b) for a, b in itertools.pairwise(planned) if a != b]
+    assert len(moves) <= 1, planned
 
 
 @given(queue_inputs())

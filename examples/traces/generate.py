@@ -1,0 +1,70 @@
+"""Writes the generated example traces: ``python examples/traces/generate.py``.
+
+diurnal.json: a day compressed into 24 minutes (one simulated minute per hour), four
+queues whose rates follow the day with their own peaks. large_150x40.json: the seed's
+scale, 150 queues on 40 hosts over a real 24 h, each queue's rate following the day.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+
+def day_curve(peak: float, peak_hour: float, seconds_per_hour: float,
+              night_share: float = 0.1) -> list[list[float]]:
+    """[[at_s, rate], ...] hourly: ``night_share`` of the peak at night, a smooth day."""
+    points = []
+    for hour in range(25):
+        distance = min(abs(hour - peak_hour), 24 - abs(hour - peak_hour))
+        share = night_share + (1 - night_share) * max(0.0, math.cos(distance / 12 * math.pi)) ** 2
+        points.append([hour * seconds_per_hour, round(peak * share, 2)])
+    return points
+
+
+def diurnal() -> dict[str, Any]:
+    spec = [("api", 10, 2, 600, 0.02, 14), ("thumbs", 5, 10, 300, 0.05, 20),
+            ("mail", 1, 30, 120, 0.05, 9), ("export", 0, None, 20, 0.5, 3)]
+    queues = {}
+    for name, priority, target, peak, job_s, hour in spec:
+        policy: dict[str, Any] = {"priority": priority, "max_slots": 60}
+        if target:
+            policy["target_wait"] = target
+        queues[name] = {"policy": policy, "rate": day_curve(peak, hour, 60.0),
+                        "shape": "linear", "job_time": {"mean_s": job_s}}
+    return {"duration_s": 1440, "hosts": {f"h{i}": {"slots": 20} for i in range(4)},
+            "queues": queues}
+
+
+def large(seed: int = 14) -> dict[str, Any]:
+    rand = random.Random(seed)
+    queues = {}
+    for i in range(150):
+        job_s = rand.choice([0.005, 0.02, 0.05, 0.1, 0.2])
+        slots_at_peak = rand.uniform(2, 30)
+        policy: dict[str, Any] = {"priority": rand.randint(0, 10), "min_slots": rand.choice([0, 1]),
+                                  "max_slots": 60, "batch_size": rand.choice([1, 10, 100])}
+        if rand.random() < 0.5:
+            policy["target_wait"] = rand.choice([5, 30, 120])
+        queues[f"q{i:03d}"] = {
+            "policy": policy,
+            "rate": day_curve(round(slots_at_peak * 0.7 / job_s, 1), rand.uniform(0, 24), 3600.0),
+            "shape": "linear", "job_time": {"mean_s": job_s}}
+    return {"duration_s": 86400, "step_s": 2.0,
+            "hosts": {f"h{i:02d}": {"slots": 90} for i in range(40)}, "queues": queues,
+            "events": [{"at_s": 30000, "host": "h07", "event": "die"},
+                       {"at_s": 33600, "host": "h07", "event": "return"}]}
+
+
+def main() -> None:
+    for name, trace in (("diurnal", diurnal()), ("large_150x40", large())):
+        (HERE / f"{name}.json").write_text(json.dumps(trace, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

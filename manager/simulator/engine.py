@@ -1,0 +1,440 @@
+"""The simulation: simulated masters and queues around the manager's real planning and
+placement, one policy at a time, deterministic from the trace and the seed.
+
+Each planning round (every ``interval_s``) the policy sees what the manager would see —
+per queue the running slots, a window of counts (processed, busy, slot-alive seconds),
+the backlog — and answers slots per queue; ``manager.placement.place`` turns that into a
+slot map, which the hosts act on ``assign_delay_s`` later. Between rounds the simulation
+advances in steps of ``step_s``: new slots take jobs ``slot_start_s`` after they are
+forked, stopped slots keep their place ``slot_drain_s`` while they finish, hosts die,
+return and change capacity, and each queue's active slots run its jobs.
+
+Jobs are counted exactly, in buckets of jobs that arrived in the same step: a job waits
+in its queue (first in, first out), starts when a slot has time for it, and finishes once
+the queue's slots have worked through its job time. Slots run a queue's work as one pool
+(``A`` active slots give ``A * step_s`` seconds of work per step); a job's wait is measured
+in whole steps. Not modelled: batches (a job starts when a slot has time for it, not with
+its batch), retries and failures, the broker's own latency; jobs running on a host that
+dies are finished by the queue's other slots (no lock-timeout redelivery).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import zlib
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from manager.placement import place
+from manager.planning import QueueInput, QueueWindow
+from manager.simulator.arrivals import Arrivals, JobTimes
+from manager.simulator.policies import POLICIES, Policy, QclusterPolicy, make_policy
+from manager.simulator.trace import Trace
+from qcluster.policy import QueuePolicy
+
+#: Charts keep at most this many points per series (longer runs are summarised in chunks).
+MAX_POINTS = 1500
+EPS = 1e-9
+
+
+def _seed(seed: int, *parts: str) -> int:
+    """A stable per-queue seed (``hash`` of a str changes between processes)."""
+    return zlib.crc32("/".join([str(seed), *parts]).encode())
+
+
+@dataclass
+class HostSlots:
+    active: int = 0
+    starting: int = 0
+    draining: int = 0
+    cancelled: int = 0
+    """Starting slots stopped before they were ready: their 'ready' events are void."""
+
+
+@dataclass
+class Host:
+    name: str
+    capacity: int
+    serves: frozenset[str] | None
+    alive: bool = True
+    died_at: float = -math.inf
+    epoch: int = 0
+    slots: dict[str, HostSlots] = field(default_factory=dict)
+    row: dict[str, int] = field(default_factory=dict)
+
+    used: int = 0
+    """Slots taking capacity: active, starting and draining."""
+
+
+@dataclass
+class Series:
+    """A queue's chart lines, one point per round or per chunk of rounds."""
+
+    t: list[float] = field(default_factory=list)
+    backlog: list[int] = field(default_factory=list)
+    slots: list[float] = field(default_factory=list)
+    planned: list[int] = field(default_factory=list)
+    wait: list[float] = field(default_factory=list)
+
+
+@dataclass
+class QueueSim:
+    name: str
+    policy: QueuePolicy
+    arrivals: Arrivals
+    job_times: JobTimes
+    buckets: deque[list[Any]] = field(default_factory=deque)
+    backlog: int = 0
+    assigned: float = 0.0
+    done_work: float = 0.0
+    inflight: deque[list[Any]] = field(default_factory=deque)
+    arrived: int = 0
+    started: int = 0
+    finished: int = 0
+    waits: Counter[int] = field(default_factory=Counter)
+    active: int = 0
+    existing: int = 0
+    """Slots that take capacity: active, starting and draining, on live hosts."""
+    # per round, for the manager's window
+    round_processed: int = 0
+    round_busy: float = 0.0
+    round_alive: float = 0.0
+    window: deque[tuple[int, float, float]] = field(default_factory=deque)
+    win_processed: int = 0
+    win_busy: float = 0.0
+    win_alive: float = 0.0
+    # figures
+    max_backlog: int = 0
+    slot_seconds: float = 0.0
+    starts: int = 0
+    stops: int = 0
+    plan_moves: list[float] = field(default_factory=list)
+    planned: int = -1
+    over_target_s: float = 0.0
+    over_target_at: list[float] = field(default_factory=list)
+    bursts: list[float] = field(default_factory=list)
+    burst_from: float | None = None
+    series: Series = field(default_factory=Series)
+    chunk: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0])
+
+    def oldest_wait(self, now: float) -> float:
+        return now - self.buckets[0][0] if self.buckets else 0.0
+
+
+@dataclass
+class PolicyRun:
+    """One policy's simulation: per-queue state with its figures and series."""
+
+    policy: str
+    queues: dict[str, QueueSim]
+    reasons: list[tuple[float, str]]
+    deaths: list[float]
+    interval_s: float
+    step_s: float
+    detect_s: float
+    over_capacity_rounds: int
+    """Rounds whose plan asked for more slots than the live hosts have (must be 0)."""
+
+
+@dataclass
+class SimulationResult:
+    trace: Trace
+    seed: int
+    runs: dict[str, PolicyRun]
+
+
+class Simulation:
+    def __init__(self, trace: Trace, policy: Policy, seed: int) -> None:
+        self.trace, self.policy = trace, policy
+        self.steps = max(1, round(trace.interval_s / trace.step_s))
+        self.dt = trace.interval_s / self.steps
+        self.hosts = {
+            name: Host(name, spec.slots, frozenset(spec.serves) if spec.serves is not None
+                       else None)
+            for name, spec in trace.hosts.items()
+        }
+        self.queues = {
+            name: QueueSim(name, spec.queue_policy(),
+                           Arrivals(spec, _seed(seed, "arrivals", name), trace.interval_s),
+                           JobTimes(spec.job_time, _seed(seed, "jobs", name)))
+            for name, spec in sorted(trace.queues.items())
+        }
+        self.order = sorted(self.queues, key=lambda q: (-self.queues[q].policy.priority, q))
+        self.events = sorted(trace.events, key=lambda e: e.at_s)
+        self.next_event = 0
+        self.heap: list[tuple[float, int, str, str, str, int]] = []
+        self.seq = 0
+        self.slot_map: dict[str, dict[str, int]] = {}
+        self.placed_for: Any = None
+        self.pending: tuple[float, dict[str, dict[str, int]]] | None = None
+        self.window_rounds = max(1, round(trace.window_s / trace.interval_s))
+        self.detect_s = trace.host_expiry_intervals * trace.interval_s
+        self.rounds = math.ceil(trace.duration_s / trace.interval_s - EPS)
+        self.chunk = max(1, math.ceil(self.rounds / MAX_POINTS))
+        self.deaths: list[float] = []
+        self.over_capacity = 0
+
+    # --- the manager's view -----------------------------------------------------
+
+    def believed_alive(self, now: float) -> list[Host]:
+        """Hosts whose reports the manager still counts (a dead one until it expires)."""
+        return [h for h in self.hosts.values()
+                if h.alive or now - h.died_at < self.detect_s - EPS]
+
+    def inputs(self, now: float, seen: list[Host]) -> list[QueueInput]:
+        everything = any(h.serves is None for h in seen)
+        served = frozenset().union(*(h.serves for h in seen if h.serves is not None))
+        previous = self.policy.plans
+        running: Counter[str] = Counter()
+        for host in seen:
+            for name, slots in host.slots.items():
+                running[name] += slots.active + slots.starting
+        out = []
+        for name, q in self.queues.items():
+            current = running[name]
+            span = min(len(q.window), self.window_rounds) * self.trace.interval_s
+            last = q.window[-1] if q.window else (0, 0.0, 0.0)
+            window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
+                                 span_s=span, recent_s=self.trace.interval_s if q.window else 0,
+                                 recent_processed=last[0])
+            servable = everything or name in served
+            out.append(QueueInput(name, q.policy, current, window, servable=servable,
+                                  previous=previous.get(name)))
+        return out
+
+    def plan_round(self, index: int, now: float) -> None:
+        seen = self.believed_alive(now)
+        capacity = {h.name: h.capacity for h in seen}
+        inputs = self.inputs(now, seen)
+        planned = self.policy.decide(now, inputs, sum(capacity.values()))
+        if sum(planned.values()) > sum(capacity.values()):
+            self.over_capacity += 1
+        for name, q in self.queues.items():
+            if q.planned >= 0 and planned[name] != q.planned:
+                q.plan_moves.append(now)
+            q.planned = planned[name]
+        serves = {h.name: h.serves if h.serves is not None else frozenset(self.queues)
+                  for h in seen}
+        key = (tuple(sorted(planned.items())), tuple(sorted(capacity.items())))
+        if key != self.placed_for:
+            self.slot_map = place(self.slot_map, planned, capacity, self.order, serves)
+            self.placed_for = key
+            self.pending = (now + self.trace.assign_delay_s, self.slot_map)
+
+    # --- simulated masters --------------------------------------------------------
+
+    def push(self, at: float, kind: str, host: Host, queue: str) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, kind, host.name, queue, host.epoch))
+
+    def reconcile(self, host: Host, now: float) -> None:
+        """Start or stop slots until the host runs its row (as far as capacity allows)."""
+        if not host.alive:
+            return
+        for name in sorted(set(host.row) | set(host.slots)):
+            want = host.row.get(name, 0)
+            slots = host.slots.setdefault(name, HostSlots())
+            q = self.queues[name]
+            have = slots.active + slots.starting
+            while have > want:
+                if slots.starting:
+                    slots.starting -= 1
+                    slots.cancelled += 1
+                    q.existing -= 1
+                    host.used -= 1
+                else:
+                    slots.active -= 1
+                    slots.draining += 1
+                    q.active -= 1
+                    self.push(now + self.trace.slot_drain_s, "drained", host, name)
+                q.stops += 1
+                have -= 1
+            free = host.capacity - host.used
+            while have < want and free > 0:
+                slots.starting += 1
+                host.used += 1
+                q.existing += 1
+                q.starts += 1
+                self.push(now + self.trace.slot_start_s, "ready", host, name)
+                have += 1
+                free -= 1
+
+    def slot_events(self, now: float) -> None:
+        touched: set[str] = set()
+        while self.heap and self.heap[0][0] <= now + EPS:
+            _, _, kind, host_name, name, epoch = heapq.heappop(self.heap)
+            host = self.hosts[host_name]
+            if epoch != host.epoch:
+                continue
+            slots = host.slots[name]
+            if kind == "ready":
+                if slots.cancelled:
+                    slots.cancelled -= 1
+                    continue
+                slots.starting -= 1
+                slots.active += 1
+                self.queues[name].active += 1
+            else:
+                slots.draining -= 1
+                host.used -= 1
+                self.queues[name].existing -= 1
+                touched.add(host_name)
+        for host_name in sorted(touched):  # room freed: starts that waited for it
+            self.reconcile(self.hosts[host_name], now)
+
+    def host_events(self, now: float) -> None:
+        while (self.next_event < len(self.events)
+               and self.events[self.next_event].at_s <= now + EPS):
+            event = self.events[self.next_event]
+            self.next_event += 1
+            host = self.hosts[event.host]
+            if event.event == "die" and host.alive:
+                self.kill(host, now)
+            elif event.event == "return" and not host.alive:
+                host.alive = True
+                host.capacity = event.slots if event.slots is not None else host.capacity
+            elif event.event == "capacity":
+                host.capacity = event.slots or 0
+                self.reconcile(host, now)
+
+    def kill(self, host: Host, now: float) -> None:
+        for name, slots in host.slots.items():
+            q = self.queues[name]
+            q.active -= slots.active
+            q.existing -= slots.active + slots.starting + slots.draining
+        host.slots, host.row, host.alive, host.died_at, host.used = {}, {}, False, now, 0
+        host.epoch += 1
+        self.deaths.append(now)
+
+    def assign(self, now: float) -> None:
+        if self.pending is None or self.pending[0] > now + EPS:
+            return
+        slot_map = self.pending[1]
+        self.pending = None
+        for host in self.hosts.values():
+            if host.alive:
+                host.row = dict(slot_map.get(host.name, {}))
+                self.reconcile(host, now)
+
+    # --- queues -----------------------------------------------------------------
+
+    def serve(self, q: QueueSim, now: float, arriving: int) -> None:
+        dt = self.dt
+        if arriving:
+            q.buckets.append([now, arriving])
+            q.backlog += arriving
+            q.arrived += arriving
+        budget = q.active * dt
+        owed = q.assigned - q.done_work
+        if owed > EPS and budget > 0:
+            paid = min(budget, owed)
+            q.done_work += paid
+            budget -= paid
+        if q.backlog and budget > EPS:
+            mean = q.job_times.mean_at(now)
+            while q.backlog and budget > EPS:
+                jobs = min(q.backlog, max(1, math.ceil(budget / mean - EPS)))
+                self.start(q, now, jobs)
+                work = q.job_times.total(jobs)
+                q.assigned += work
+                q.inflight.append([q.assigned, jobs])
+                paid = min(budget, work)
+                q.done_work += paid
+                budget -= paid
+        while q.inflight and q.inflight[0][0] <= q.done_work + EPS:
+            q.finished += q.inflight[0][1]
+            q.round_processed += q.inflight.popleft()[1]
+        q.round_busy += q.active * dt - budget
+        q.round_alive += q.existing * dt
+        q.slot_seconds += q.existing * dt
+        if q.backlog > q.max_backlog:
+            q.max_backlog = q.backlog
+        self.watch(q, now + dt)
+
+    def start(self, q: QueueSim, now: float, jobs: int) -> None:
+        q.backlog -= jobs
+        q.started += jobs
+        dt = self.dt
+        while jobs:
+            bucket = q.buckets[0]
+            take = min(jobs, bucket[1])
+            q.waits[round((now - bucket[0]) / dt)] += take
+            bucket[1] -= take
+            jobs -= take
+            if not bucket[1]:
+                q.buckets.popleft()
+
+    def watch(self, q: QueueSim, now: float) -> None:
+        """Time over target and bursts, from the oldest waiting job's age."""
+        age = q.oldest_wait(now)
+        target = q.policy.target_wait
+        if target is not None and age > target + EPS:
+            q.over_target_s += self.dt
+            q.over_target_at.append(now)
+        if age > self.trace.interval_s + EPS:
+            if q.burst_from is None:
+                q.burst_from = now - age
+        elif q.burst_from is not None and q.backlog == 0:
+            q.bursts.append(now - q.burst_from)
+            q.burst_from = None
+
+    def end_round(self, q: QueueSim, index: int, now: float) -> None:
+        entry = (q.round_processed, q.round_busy, q.round_alive)
+        q.window.append(entry)
+        q.win_processed += entry[0]
+        q.win_busy += entry[1]
+        q.win_alive += entry[2]
+        if len(q.window) > self.window_rounds:
+            old = q.window.popleft()
+            q.win_processed -= old[0]
+            q.win_busy -= old[1]
+            q.win_alive -= old[2]
+        q.round_processed, q.round_busy, q.round_alive = 0, 0.0, 0.0
+        c = q.chunk
+        c[0] = max(c[0], q.backlog)
+        c[1] += q.existing
+        c[2] = max(c[2], q.planned)
+        c[3] = max(c[3], q.oldest_wait(now))
+        c[4] += 1
+        if c[4] == self.chunk or index == self.rounds - 1:
+            s = q.series
+            s.t.append(round(now, 3))
+            s.backlog.append(int(c[0]))
+            s.slots.append(round(c[1] / c[4], 2))
+            s.planned.append(int(c[2]))
+            s.wait.append(round(c[3], 3))
+            q.chunk = [0.0, 0.0, 0.0, 0.0, 0]
+
+    # --- the loop -------------------------------------------------------------------
+
+    def run(self) -> PolicyRun:
+        steps, dt = self.steps, self.dt
+        for index in range(self.rounds):
+            start = index * self.trace.interval_s
+            self.host_events(start)
+            self.plan_round(index, start)
+            arriving = {name: q.arrivals.in_round(index) for name, q in self.queues.items()}
+            for step in range(steps):
+                now = start + step * dt
+                if step:
+                    self.host_events(now)
+                self.assign(now)
+                self.slot_events(now)
+                for name, q in self.queues.items():
+                    total = arriving[name]
+                    share = (total * (step + 1)) // steps - (total * step) // steps
+                    self.serve(q, now, share)
+            for q in self.queues.values():
+                self.end_round(q, index, start + self.trace.interval_s)
+        reasons = self.policy.reasons if isinstance(self.policy, QclusterPolicy) else []
+        return PolicyRun(self.policy.name, self.queues, reasons, self.deaths,
+                         self.trace.interval_s, dt, self.detect_s, self.over_capacity)
+
+
+def simulate(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0) -> SimulationResult:
+    """Every policy on the same arrivals (the same seed draws the same jobs)."""
+    runs = {name: Simulation(trace, make_policy(name, trace), seed).run() for name in policies}
+    return SimulationResult(trace, seed, runs)
