@@ -187,17 +187,15 @@ def test_bad_delays_are_refused_at_enqueue_and_nothing_is_stored(
 
 
 def test_a_far_activation_time_does_not_break_an_idle_take(
-    broker_url: str, broker: Broker, queue_name: str, request: pytest.FixtureRequest
+    broker: Broker, queue_name: str
 ) -> None:
-    xfail_on_rabbitmq(request, broker_url)
     broker.publish_many(queue_name, [("far", body("far", queue_name, 1))], delay_s=1e15)
     assert broker.take(queue_name, max_jobs=1, lock_timeout_s=5, wait_s=0.2) == []
 
 
 def test_retry_with_nan_is_an_error_outcome_and_the_batch_still_settles(
-    broker_url: str, queue_name: str, request: pytest.FixtureRequest
+    broker_url: str, queue_name: str
 ) -> None:
-    xfail_on_rabbitmq(request, broker_url)
     app = App()
     seen: list[object] = []
 
@@ -225,9 +223,8 @@ def test_retry_with_nan_is_an_error_outcome_and_the_batch_still_settles(
 
 
 def test_a_handler_returning_a_coroutine_fails_the_batch_instead_of_acking_it(
-    broker_url: str, queue_name: str, request: pytest.FixtureRequest
+    broker_url: str, queue_name: str
 ) -> None:
-    xfail_on_rabbitmq(request, broker_url)
     app = App()
     ran: list[int] = []
 
