@@ -105,6 +105,34 @@ def test_one_slow_job_among_fast_ones_dead_letters_no_job_that_never_ran(
     assert sorted(ran) == list(range(31))
 
 
+def test_jobs_read_ahead_when_sigterm_arrives_go_back_with_no_attempt_counted(
+    request: pytest.FixtureRequest, broker_url: str, broker: Broker, queue_name: str
+) -> None:
+    # Given a slot reading ahead (batch 1, fast handler) that gets SIGTERM mid-take
+    xfail_on_rabbitmq(request, broker_url)
+    app = App()
+    ran: list[int] = []
+    runner: SlotRunner
+
+    @app.queue(queue_name, batch_size=1, max_attempts=1)
+    def handle(jobs: list[Job]) -> None:
+        ran.extend(job.payload for job in jobs)
+        if len(ran) == 3:
+            runner.handle_stop_signal(15, None)  # what the SIGTERM handler does
+
+    ids = [f"job-{n:02d}" for n in range(20)]
+    broker.publish_many(queue_name, [(i, body(i, queue_name, n)) for n, i in enumerate(ids)])
+    runner = SlotRunner(app, queue_name, open_broker(broker_url))
+    run_until(runner, lambda: runner.should_stop)
+    runner._flush()  # what SlotRunner.run does on its way out
+    runner._leave(queue_name)
+    # Then the jobs it had not started are ready again, their attempt not counted
+    rest = take_all(broker, queue_name, 20 - len(ran))
+    assert sorted(d.id for d in rest) == sorted(ids[n] for n in range(20) if n not in ran)
+    assert {d.attempts for d in rest} == {1}
+    broker.ack(queue_name, rest)
+
+
 @pytest.mark.parametrize("backend", ["redis_url", "embedded_url", "rabbitmq_url"])
 def test_a_poison_job_that_kills_its_slot_does_not_take_its_batch_mates_with_it(
     request: pytest.FixtureRequest, backend: str, queue_name: str, tmp_path: Path
