@@ -1,14 +1,17 @@
 """Shared fixtures: real brokers, unique queue names, running qcluster processes.
 
-Real services: Redis at 127.0.0.1:6379, RabbitMQ at 127.0.0.1:5672 (guest/guest), and
-the embedded broker (started here in a private state directory). Under ``CI=true`` an
-unreachable broker fails the test; elsewhere it is skipped with the reason.
+The suite starts its own brokers (tests/brokers.py), once per session and only when a test
+asks for one: a Redis server and a RabbitMQ node on free loopback ports, with their data
+under the session's temporary directory, and the embedded broker in a private state
+directory. The Redis and RabbitMQ a user may run on 6379/5672 are never touched. To run
+the suite against an existing broker instead, set ``QCLUSTER_TEST_REDIS_URL`` /
+``QCLUSTER_TEST_RABBITMQ_URL``. A broker that cannot start fails the tests that need it,
+naming what to install: nothing is skipped.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,40 +21,66 @@ from pathlib import Path
 
 import pytest
 
-REDIS_URL = os.environ.get("QCLUSTER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-RABBITMQ_URL = os.environ.get("QCLUSTER_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+from tests.brokers import BrokerUnavailable, PrivateBrokers
+from tests.brokers import free_port as free_port  # re-exported: tests import it from here
+
+EXISTING_REDIS_URL = os.environ.get("QCLUSTER_TEST_REDIS_URL", "")
+EXISTING_RABBITMQ_URL = os.environ.get("QCLUSTER_TEST_RABBITMQ_URL", "")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ROOT = Path(__file__).resolve().parent.parent
 QCLUSTER = [sys.executable, "-m", "qcluster"]
+#: The session's private brokers (for the summary line and ``rabbitmqctl``).
+SESSION_BROKERS: list[PrivateBrokers] = []
 
 
-def _reachable(host: str, port: int) -> bool:
+def pytest_report_header() -> list[str]:
+    redis = EXISTING_REDIS_URL or "private redis-server (started on first use)"
+    rabbitmq = EXISTING_RABBITMQ_URL or "private RabbitMQ node (started on first use)"
+    return [f"brokers: {redis}; {rabbitmq}"]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    started = "; ".join(brokers.summary() for brokers in SESSION_BROKERS)
+    existing = [f"existing {url}" for url in (EXISTING_REDIS_URL, EXISTING_RABBITMQ_URL) if url]
+    terminalreporter.write_line("brokers: " + ("; ".join(filter(None, [started, *existing]))
+                                               or "none used"))
+
+
+@pytest.fixture(scope="session")
+def private_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateBrokers]:
+    """The session's own servers; each starts when first asked for, all stop at the end."""
+    brokers = PrivateBrokers(tmp_path_factory.mktemp("brokers"))
+    SESSION_BROKERS.append(brokers)
     try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
+        yield brokers
+    finally:
+        brokers.stop()
 
 
-def require_service(name: str, host: str, port: int) -> None:
-    if _reachable(host, port):
-        return
-    message = f"{name} is not reachable at {host}:{port}"
-    if IN_CI:
-        pytest.fail(message + " (CI=true: a missing broker is a failure, not a skip)")
-    pytest.skip(message)
+def _started(start: Callable[[], str]) -> str:
+    try:
+        return start()
+    except BrokerUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    require_service("Redis", "127.0.0.1", 6379)
-    return REDIS_URL
+def redis_url(private_brokers: PrivateBrokers) -> str:
+    return EXISTING_REDIS_URL or _started(private_brokers.redis_url)
 
 
 @pytest.fixture(scope="session")
-def rabbitmq_url() -> str:
-    require_service("RabbitMQ", "127.0.0.1", 5672)
-    return RABBITMQ_URL
+def rabbitmq_url(private_brokers: PrivateBrokers) -> str:
+    return EXISTING_RABBITMQ_URL or _started(private_brokers.rabbitmq_url)
+
+
+def rabbitmqctl(*args: str) -> str:
+    """Output of ``rabbitmqctl ARGS`` run against the node ``rabbitmq_url`` points at."""
+    for brokers in SESSION_BROKERS:
+        if brokers.rabbitmq is not None:
+            return brokers.rabbitmq.ctl(*args).stdout
+    return subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True,
+                          check=True).stdout
 
 
 @pytest.fixture(scope="session")
@@ -91,12 +120,6 @@ def wait_until(
             return
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:g}s waiting for {message}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def qcluster_env(**extra: str) -> dict[str, str]:

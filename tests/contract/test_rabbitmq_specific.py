@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from kombu import Connection, Producer
 
 from qcluster import App, Client, Job
 from qcluster.broker import open_broker
 from qcluster.broker.kombu_broker import KombuBroker, queue_exchange
 from slot.runtime import SlotRunner
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, rabbitmqctl, wait_until
 
 
 def test_failover_skips_an_unreachable_url(rabbitmq_url: str, queue_name: str) -> None:
@@ -68,7 +65,6 @@ def test_a_pickled_message_from_a_kombu_producer_is_dead_lettered_not_loaded(
     client.close()
 
 
-@pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl")
 def test_a_dropped_connection_is_reopened_and_its_jobs_come_back(
     rabbitmq_url: str, queue_name: str
 ) -> None:
@@ -79,13 +75,10 @@ def test_a_dropped_connection_is_reopened_and_its_jobs_come_back(
         (held,) = broker.take(queue_name, max_jobs=1, lock_timeout_s=5, wait_s=5)
         # The broker drops exactly this connection (as on a RabbitMQ node restart).
         port = broker.conn.connection.sock.getsockname()[1]
-        listing = subprocess.run(
-            ["rabbitmqctl", "-q", "list_connections", "pid", "peer_port"],
-            capture_output=True, text=True, check=True,
-        ).stdout
+        listing = rabbitmqctl("-q", "list_connections", "pid", "peer_port")
         (pid,) = [line.split()[0] for line in listing.splitlines()
                   if line.split() and line.split()[-1] == str(port)]
-        subprocess.run(["rabbitmqctl", "-q", "close_connection", pid, "test"], check=True)
+        rabbitmqctl("-q", "close_connection", pid, "test")
 
         broker.ack(queue_name, [held])  # stale delivery: ignored, the job comes back
         again = broker.take(queue_name, max_jobs=1, lock_timeout_s=5, wait_s=10)

@@ -1,0 +1,32 @@
+"""The suite's brokers are its own: the user's Redis and RabbitMQ are never written to."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from kombu import Connection
+
+from tests.conftest import EXISTING_RABBITMQ_URL, EXISTING_REDIS_URL, rabbitmqctl
+
+
+@pytest.mark.skipif(bool(EXISTING_REDIS_URL), reason="QCLUSTER_TEST_REDIS_URL chose a Redis")
+def test_redis_is_a_private_server_with_its_own_aof(redis_url: str, tmp_path_factory:
+                                                     pytest.TempPathFactory) -> None:
+    assert urlsplit(redis_url).port != 6379
+    with redis.Redis.from_url(redis_url) as client:
+        config = client.config_get("*")
+    assert config["appendonly"] == "yes" and config["appendfsync"] == "everysec"
+    assert config["dir"].startswith(str(tmp_path_factory.getbasetemp()))
+
+
+@pytest.mark.skipif(bool(EXISTING_RABBITMQ_URL),
+                    reason="QCLUSTER_TEST_RABBITMQ_URL chose a RabbitMQ")
+def test_rabbitmq_is_a_private_node(rabbitmq_url: str, tmp_path_factory:
+                                    pytest.TempPathFactory) -> None:
+    assert urlsplit(rabbitmq_url).port != 5672
+    with Connection(rabbitmq_url) as connection:
+        connection.connect()
+    node_dirs = rabbitmqctl("-q", "eval", "rabbit_mnesia:dir().")
+    assert str(tmp_path_factory.getbasetemp()) in node_dirs
