@@ -282,7 +282,10 @@ def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, keep: 
     previous = queue.previous
     streak = previous is not None and previous.low_rounds > 0
     low_rounds = (previous.low_rounds if streak and previous else 0) + 1
-    low_peak = max(previous.low_peak if streak and previous else 0, math.ceil(want))
+    # A round in which no job arrived and none waits wants nothing (the smoothed estimate
+    # only decays towards 0); one with any job wants at least a slot.
+    wanted = math.ceil(want) if counted or queue.window.backlog else 0
+    low_peak = max(previous.low_peak if streak and previous else 0, wanted)
     low_jobs = (previous.low_jobs if streak and previous else 0) + counted
     hold = hold_rounds(queue.policy.priority)
     landed = previous is None or queue.current == previous.planned

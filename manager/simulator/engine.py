@@ -111,7 +111,10 @@ class QueueSim:
     slot_seconds: float = 0.0
     starts: int = 0
     stops: int = 0
-    plan_moves: list[float] = field(default_factory=list)
+    move_times: list[float] = field(default_factory=list)
+    """When each slot was started or stopped (churn over time)."""
+    plan_moves: list[tuple[float, int, int]] = field(default_factory=list)
+    """(when, from, to) of each change of the plan."""
     planned: int = -1
     over_target_s: float = 0.0
     over_target_at: list[float] = field(default_factory=list)
@@ -136,6 +139,8 @@ class PolicyRun:
     step_s: float
     detect_s: float
     over_capacity_rounds: int
+    end_s: float
+    """When the simulation ended (jobs still waiting then count with their age so far)."""
     """Rounds whose plan asked for more slots than the live hosts have (must be 0)."""
 
 
@@ -214,7 +219,7 @@ class Simulation:
             self.over_capacity += 1
         for name, q in self.queues.items():
             if q.planned >= 0 and planned[name] != q.planned:
-                q.plan_moves.append(now)
+                q.plan_moves.append((now, q.planned, planned[name]))
             q.planned = planned[name]
         serves = {h.name: h.serves if h.serves is not None else frozenset(self.queues)
                   for h in seen}
@@ -251,6 +256,7 @@ class Simulation:
                     q.active -= 1
                     self.push(now + self.trace.slot_drain_s, "drained", host, name)
                 q.stops += 1
+                q.move_times.append(now)
                 have -= 1
             free = host.capacity - host.used
             while have < want and free > 0:
@@ -258,6 +264,7 @@ class Simulation:
                 host.used += 1
                 q.existing += 1
                 q.starts += 1
+                q.move_times.append(now)
                 self.push(now + self.trace.slot_start_s, "ready", host, name)
                 have += 1
                 free -= 1
@@ -431,7 +438,8 @@ class Simulation:
                 self.end_round(q, index, start + self.trace.interval_s)
         reasons = self.policy.reasons if isinstance(self.policy, QclusterPolicy) else []
         return PolicyRun(self.policy.name, self.queues, reasons, self.deaths,
-                         self.trace.interval_s, dt, self.detect_s, self.over_capacity)
+                         self.trace.interval_s, dt, self.detect_s, self.over_capacity,
+                         self.rounds * self.trace.interval_s)
 
 
 def simulate(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0) -> SimulationResult:

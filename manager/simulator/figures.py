@@ -42,16 +42,27 @@ def recovery(q: QueueSim, run: PolicyRun) -> list[dict[str, Any]]:
     return out
 
 
+def all_waits(q: QueueSim, run: PolicyRun) -> Counter[int]:
+    """Waits of the jobs that started, and of those still waiting at the end (their wait
+    so far: a starved queue must not look like one without waits)."""
+    waits = Counter(q.waits)
+    for at, count in q.buckets:
+        waits[round((run.end_s - at) / run.step_s)] += count
+    return waits
+
+
 def queue_figures(q: QueueSim, run: PolicyRun) -> dict[str, Any]:
     step = run.step_s
+    waits = all_waits(q, run)
     return {
         "priority": q.policy.priority,
         "target_wait_s": q.policy.target_wait,
         "jobs": q.arrived,
         "finished": q.finished,
-        "wait_p50_s": percentile(q.waits, 0.50) * step,
-        "wait_p99_s": percentile(q.waits, 0.99) * step,
-        "wait_max_s": max(q.waits, default=0) * step,
+        "wait_p50_s": percentile(waits, 0.50) * step,
+        "wait_p99_s": percentile(waits, 0.99) * step,
+        "wait_max_s": max(waits, default=0) * step,
+        "unstarted": q.backlog,
         "max_backlog": q.max_backlog,
         "slot_seconds": round(q.slot_seconds, 1),
         "slot_moves": q.starts + q.stops,
@@ -67,7 +78,7 @@ def queue_figures(q: QueueSim, run: PolicyRun) -> dict[str, Any]:
 def overall(queues: dict[str, dict[str, Any]], run: PolicyRun) -> dict[str, Any]:
     waits: Counter[int] = Counter()
     for q in run.queues.values():
-        waits.update(q.waits)
+        waits.update(all_waits(q, run))
     rows = queues.values()
     return {
         "jobs": sum(r["jobs"] for r in rows),
