@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -14,8 +17,37 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS = os.environ.get("QB_REDIS_URL", "redis://127.0.0.1:6379/0")
-RABBITMQ = os.environ.get("QB_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _broker_urls() -> tuple[str, str]:
+    """Redis and RabbitMQ URLs: ``QB_REDIS_URL`` / ``QB_RABBITMQ_URL`` when set (an existing
+    broker, or the private ones a parent bench process started), else private servers on
+    free ports (tests/brokers.py), stopped when this process exits. The bench flushes its
+    Redis database and fills queues: never the Redis or RabbitMQ a user runs."""
+    redis_url = os.environ.get("QB_REDIS_URL", "")
+    rabbitmq_url = os.environ.get("QB_RABBITMQ_URL", "")
+    if redis_url and rabbitmq_url:
+        return redis_url, rabbitmq_url
+    from tests.brokers import BrokerUnavailable, PrivateBrokers
+
+    base = Path(tempfile.mkdtemp(prefix="qcluster-bench-brokers-"))
+    brokers = PrivateBrokers(base)
+    atexit.register(shutil.rmtree, base, True)
+    atexit.register(brokers.stop)
+    # atexit runs on SIGINT (KeyboardInterrupt) and sys.exit; make SIGTERM one of those too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        redis_url = redis_url or brokers.redis_url()
+        rabbitmq_url = rabbitmq_url or brokers.rabbitmq_url()
+    except BrokerUnavailable as error:
+        raise SystemExit(f"bench: {error}") from error
+    # Inherited by every process the bench starts (env() copies os.environ).
+    os.environ["QB_REDIS_URL"], os.environ["QB_RABBITMQ_URL"] = redis_url, rabbitmq_url
+    print(f"bench brokers: {brokers.summary()}", flush=True)
+    return redis_url, rabbitmq_url
+
+
+REDIS, RABBITMQ = _broker_urls()
 STATE_DIR = ROOT / ".qcluster" / "bench"
 EMBEDDED = f"embedded://{STATE_DIR}"
 BROKERS = {"redis": REDIS, "rabbitmq": RABBITMQ, "embedded": EMBEDDED}
