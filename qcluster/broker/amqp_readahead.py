@@ -8,15 +8,23 @@ only consumed once a whole frame is there, so a read that times out (the normal 
 
 Only the plain-TCP py-amqp transport is replaced: ``amqps://`` (TLS) and librabbitmq
 keep their own transports.
+
+Also here: py-amqp decodes every short string and header value as strict UTF-8, so one
+message with an invalid byte in its ``message_id`` or a header raised
+``UnicodeDecodeError`` out of the frame reader, and the consumer stopped at that message
+forever. Such strings are decoded with escapes (:func:`lenient_str`) instead; the broker
+finds them (they cannot be encoded strictly again) and hands the message out as malformed.
 """
 
 from __future__ import annotations
 
 import errno
+import select
 import struct
 from typing import Any
 
 import kombu
+from amqp import serialization
 from amqp.exceptions import UnexpectedFrame
 from amqp.transport import TCPTransport
 from kombu.transport import pyamqp
@@ -30,8 +38,31 @@ _RETRY = (errno.EAGAIN, errno.EINTR)
 _UNAVAIL = {errno.EAGAIN, errno.EINTR, errno.ENOENT, errno.EWOULDBLOCK}
 
 
+def lenient_str(value: Any) -> Any:
+    """py-amqp's ``bytes_to_str``, except that invalid UTF-8 becomes lone surrogates
+    (``surrogateescape``) instead of an exception that stops the whole connection."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return value.decode("utf-8", "surrogateescape")
+    return value
+
+
+# Used by py-amqp's property and header-table readers (a module global, read at call time).
+serialization.pstr_t = lenient_str
+
+
 class ReadAheadTCPTransport(TCPTransport):
-    """py-amqp's TCP transport, reading frames from a read-ahead buffer."""
+    """py-amqp's TCP transport, reading frames from a read-ahead buffer.
+
+    ``silence_limit_s``: py-amqp waits for a reply (queue.declare, basic.cancel, ...)
+    with no timeout at all, so on a dead link (nothing arrives, nothing fails) such a
+    wait never ends and no heartbeat check runs. With heartbeats on, the broker sends
+    something at least every heartbeat; a blocking read that hears nothing for this
+    long ends with ConnectionAbortedError (reads with a timeout are left alone)."""
+
+    silence_limit_s: float | None = None
 
     def _setup_transport(self) -> None:
         super()._setup_transport()
@@ -41,6 +72,8 @@ class ReadAheadTCPTransport(TCPTransport):
     def _fill(self, need: int) -> None:
         """Make at least ``need`` unparsed bytes available."""
         while len(self._pending) - self._offset < need:
+            if self.silence_limit_s and self.sock.gettimeout() is None:
+                self._await_data(self.silence_limit_s)
             try:
                 data = self._quick_recv(max(CHUNK, need))
             except OSError as exc:
@@ -55,6 +88,15 @@ class ReadAheadTCPTransport(TCPTransport):
                 raise OSError("Server unexpectedly closed connection")
             self._pending = self._pending[self._offset:] + data
             self._offset = 0
+
+    def _await_data(self, limit_s: float) -> None:
+        readable, _, _ = select.select([self.sock], [], [], limit_s)
+        if not readable:
+            # Not a TimeoutError (an OSError with ETIMEDOUT would become one): callers
+            # take that for "no frame yet", while this link is dead.
+            raise ConnectionAbortedError(
+                errno.ECONNABORTED, f"nothing from the broker for {limit_s:g} s: the link is dead"
+            )
 
     def read_frame(self, unpack: Any = None) -> tuple[int, int, bytes]:
         try:
@@ -83,9 +125,13 @@ class _AMQPConnection(pyamqp.Connection):
         if ssl:
             return super().Transport(host, connect_timeout, ssl, read_timeout, write_timeout,
                                      **kwargs)
-        return ReadAheadTCPTransport(host, connect_timeout=connect_timeout,
-                                     read_timeout=read_timeout, write_timeout=write_timeout,
-                                     **kwargs)
+        transport = ReadAheadTCPTransport(host, connect_timeout=connect_timeout,
+                                          read_timeout=read_timeout,
+                                          write_timeout=write_timeout, **kwargs)
+        if self.client_heartbeat:
+            # The broker sends a heartbeat at least every interval (RabbitMQ: half of it).
+            transport.silence_limit_s = 2.0 * float(self.client_heartbeat) + 1.0
+        return transport
 
 
 class ReadAheadTransport(pyamqp.Transport):
