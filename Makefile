@@ -5,11 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Debian packages the tests drive: a real headless browser and Prometheus' promtool.
-SYSTEM_PACKAGES := chromium prometheus
+# Debian packages the tests drive: the brokers the suite and the bench start privately
+# (redis-server, rabbitmq-server), a real headless browser, Prometheus and its promtool,
+# and stress-ng for `make test-under-load`.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint venv sysdeps clean soak
+.PHONY: demo test test-under-load fresh-check bench lint venv sysdeps clean soak
 
 venv: $(STAMP)
 
@@ -21,20 +22,40 @@ $(STAMP): pyproject.toml
 
 sysdeps:
 	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	test -x /usr/lib/rabbitmq/bin/rabbitmq-server || missing="$$missing rabbitmq-server"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v stress-ng >/dev/null 2>&1 || missing="$$missing stress-ng"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# DEMO_ARGS: e.g. --duration 20 (the fresh-machine check); PYTEST_ARGS: e.g. a test file.
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
 demo: venv
-	$(BIN)/qcluster demo
+	$(BIN)/qcluster demo $(DEMO_ARGS)
 
 # Everything a user needs to trust the product; long soak/chaos runs are `make soak`.
+# The suite starts its own Redis and RabbitMQ (tests/brokers.py): the ones a user may run
+# on 6379/5672 are never touched.
 test: venv sysdeps
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+# The same suite with both CPUs saturated beside it: timing must not decide a result.
+test-under-load: venv sysdeps
+	stress-ng --cpu 2 --quiet & stress=$$!; \
+	trap 'kill $$stress 2>/dev/null; wait $$stress 2>/dev/null' EXIT INT TERM; \
+	started=$$(date +%s); status=0; $(BIN)/pytest -m "not slow" $(PYTEST_ARGS) || status=$$?; \
+	echo "test-under-load: exit $$status in $$(( $$(date +%s) - started )) s"; exit $$status
+
+# A clone of this checkout in a temporary directory runs the quick start: make demo, make test.
+fresh-check:
+	.ci/fresh-check
 
 soak: venv sysdeps
 	$(BIN)/pytest -m slow
@@ -43,7 +64,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-bench: venv
+bench: venv sysdeps
 	$(BIN)/python -m bench
 
 clean:
