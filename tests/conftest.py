@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.brokers import BrokerUnavailable, PrivateBrokers
 from tests.brokers import free_port as free_port  # re-exported: tests import it from here
@@ -29,6 +30,12 @@ EXISTING_RABBITMQ_URL = os.environ.get("QCLUSTER_TEST_RABBITMQ_URL", "")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ROOT = Path(__file__).resolve().parent.parent
 QCLUSTER = [sys.executable, "-m", "qcluster"]
+# Property tests check properties, not speed: no per-example deadline, no "too slow" health
+# check, which a saturated CPU would fail. A test's own @settings still overrides these.
+settings.register_profile(
+    "qcluster", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("qcluster")
+
 #: The session's private brokers (for the summary line and ``rabbitmqctl``).
 SESSION_BROKERS: list[PrivateBrokers] = []
 

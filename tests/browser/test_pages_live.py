@@ -43,7 +43,7 @@ class Cluster:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def cluster(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/api/v1/cluster", timeout=5) as response:
+        with urllib.request.urlopen(self.url + "/api/v1/cluster", timeout=30) as response:
             return dict(json.loads(response.read()))
 
     def logs(self) -> str:

@@ -74,7 +74,7 @@ def prometheus(tmp_path: Path, cluster: Cluster) -> Iterator[int]:
 
 def _get(port: int, path: str) -> Any:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
             body = response.read()
     except OSError:
         return None

@@ -50,12 +50,12 @@ class Procs:
 
 
 def get_json(port: int, path: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
         return json.loads(response.read())
 
 
 def get_text(port: int, path: str) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
         return str(response.read().decode())
 
 
