@@ -1,6 +1,6 @@
 """`make bench`: every suite in one run, systems alternating (A B C A B C ...), medians.
 
-    python -m bench [--quick] [--only consume,enqueue,host,planner,memory,latency]
+    python -m bench [--quick] [--only consume,enqueue,host,planner,simulator,memory,latency]
                     [--repeat N] [--jobs N] [--peer-jobs N] [--no-peers]
 
 The peers (Celery, Dramatiq, RQ, arq) are installed on first use into bench/.peers/<name>.
@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import consume, master_bench, peer_runs, planner_bench, suites
+from bench import consume, master_bench, peer_runs, planner_bench, sim_bench, suites
 from bench.common import ROOT, STATE_DIR, summary, versions
 
 RESULTS = ROOT / "bench" / "results"
 QCLUSTER_MEMORY = "qcluster master --slots Q=8"
-SUITES = ("consume", "enqueue", "host", "planner", "memory", "latency")
+SUITES = ("consume", "enqueue", "host", "planner", "simulator", "memory", "latency")
 
 
 def alternate(systems: dict[str, Callable[[], float]], repeat: int) -> dict[str, Any]:
@@ -98,6 +98,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if p:
         check("planner round, 150 queues x 40 hosts x 3,500 slots", p["median_ms"], 20, "ms",
               lower=True)
+    sim = results.get("simulator")
+    if sim:
+        check("simulate 24 h, 150 queues x 40 hosts, one core (CPU s)", sim["cpu_s"],
+              sim["target_s"], "s", lower=True)
     m = results.get("memory")
     if m:
         check("8 slots of the 100 MB app: total PSS / one process",
@@ -122,7 +126,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines += _rate_table(suite, results[suite])
     if "memory" in results:
         lines += _memory_table(results["memory"])
-    for suite in ("host", "planner", "latency"):
+    for suite in ("host", "planner", "simulator", "latency"):
         if suite in results:
             lines += [f"## {suite}", "", "```json", json.dumps(results[suite], indent=2), "```",
                       ""]
@@ -235,7 +239,8 @@ def _suites(args: argparse.Namespace, repeat: int, jobs: int, peer_jobs: int, pe
         return suites.latency(seconds=5.0 if args.quick else 10.0)
 
     return {"consume": consume_suite, "enqueue": enqueue_suite, "host": host_suite,
-            "planner": planner_bench.run, "memory": memory_suite, "latency": latency_suite}
+            "planner": planner_bench.run, "simulator": sim_bench.run, "memory": memory_suite,
+            "latency": latency_suite}
 
 
 def rerender() -> None:

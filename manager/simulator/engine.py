@@ -96,6 +96,7 @@ class QueueSim:
     finished: int = 0
     waits: Counter[int] = field(default_factory=Counter)
     active: int = 0
+    starting: int = 0
     existing: int = 0
     """Slots that take capacity: active, starting and draining, on live hosts."""
     # per round, for the manager's window
@@ -193,13 +194,11 @@ class Simulation:
         everything = any(h.serves is None for h in seen)
         served = frozenset().union(*(h.serves for h in seen if h.serves is not None))
         previous = self.policy.plans
-        running: Counter[str] = Counter()
-        for host in seen:
-            for name, slots in host.slots.items():
-                running[name] += slots.active + slots.starting
         out = []
         for name, q in self.queues.items():
-            current = running[name]
+            # What the masters report running: forked slots, started or starting (a dead
+            # host's are gone at once here; the manager would count them until expiry).
+            current = q.active + q.starting
             span = min(len(q.window), self.window_rounds) * self.trace.interval_s
             last = q.window[-1] if q.window else (0, 0.0, 0.0)
             window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
@@ -248,6 +247,7 @@ class Simulation:
                 if slots.starting:
                     slots.starting -= 1
                     slots.cancelled += 1
+                    q.starting -= 1
                     q.existing -= 1
                     host.used -= 1
                 else:
@@ -261,6 +261,7 @@ class Simulation:
             free = host.capacity - host.used
             while have < want and free > 0:
                 slots.starting += 1
+                q.starting += 1
                 host.used += 1
                 q.existing += 1
                 q.starts += 1
@@ -284,6 +285,7 @@ class Simulation:
                 slots.starting -= 1
                 slots.active += 1
                 self.queues[name].active += 1
+                self.queues[name].starting -= 1
             else:
                 slots.draining -= 1
                 host.used -= 1
@@ -311,6 +313,7 @@ class Simulation:
         for name, slots in host.slots.items():
             q = self.queues[name]
             q.active -= slots.active
+            q.starting -= slots.starting
             q.existing -= slots.active + slots.starting + slots.draining
         host.slots, host.row, host.alive, host.died_at, host.used = {}, {}, False, now, 0
         host.epoch += 1

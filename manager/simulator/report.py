@@ -52,7 +52,11 @@ def print_table(result: SimulationResult, console: Console | None = None) -> dic
         table.add_column(title, justify="left" if title in ("policy", "queue") else "right")
     for row in table_rows(data):
         table.add_row(*row)
-    (console or Console()).print(table)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: no terminal width to fit
+            console = Console(width=200)
+    console.print(table)
     return data
 
 
@@ -62,7 +66,7 @@ def to_json(result: SimulationResult) -> str:
 
 # --- HTML ------------------------------------------------------------------------
 
-CHART_W, CHART_H, PAD = 420, 170, 36
+CHART_W, CHART_H, PAD = 420, 170, 48
 
 
 def _polyline(ts: list[float], ys: list[float], t_max: float, y_max: float, color: str) -> str:
@@ -76,6 +80,14 @@ def _polyline(ts: list[float], ys: list[float], t_max: float, y_max: float, colo
             f'points="{points}"/>')
 
 
+def _short(value: float) -> str:
+    """An axis label that fits: 40k, 3.5, 1.2M."""
+    for size, suffix in ((1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def _chart(title: str, lines: dict[str, tuple[list[float], list[float]]], t_max: float) -> str:
     y_max = max((max(ys, default=0) for _, ys in lines.values()), default=0) or 1
     body = "".join(_polyline(ts, ys, t_max, y_max, COLORS.get(p, "#2ca02c"))
@@ -83,7 +95,7 @@ def _chart(title: str, lines: dict[str, tuple[list[float], list[float]]], t_max:
     base = CHART_H - PAD + 8
     axes = (f'<line x1="{PAD}" y1="{base}" x2="{CHART_W - 8}" y2="{base}" stroke="#999"/>'
             f'<line x1="{PAD}" y1="8" x2="{PAD}" y2="{base}" stroke="#999"/>'
-            f'<text x="{PAD - 4}" y="14" text-anchor="end">{y_max:,.4g}</text>'
+            f'<text x="{PAD - 4}" y="14" text-anchor="end">{_short(y_max)}</text>'
             f'<text x="{PAD - 4}" y="{base}" text-anchor="end">0</text>'
             f'<text x="{CHART_W - 8}" y="{base + 14}" text-anchor="end">{t_max:,.0f}s</text>')
     return (f'<figure><figcaption>{html.escape(title)}</figcaption>'

@@ -77,7 +77,8 @@ def test_a_manager_recording_replays(tmp_path: Path) -> None:
     assert resize.per_round == [100, 300, 0] and mail.per_round == [0, 7, 0]
     assert resize.arrivals == "even" and resize.job_time.dist == "exponential"
     assert resize.job_time.changes == [(0.0, 0.01), (4.0, 0.02)]
-    assert resize.queue_policy().priority == 5 and mail.queue_policy() == QueuePolicy.model_validate({})
+    assert resize.queue_policy().priority == 5
+    assert mail.queue_policy() == QueuePolicy.model_validate({})
     assert trace.hosts["demo-b"].slots == 4
     events = [(e.at_s, e.host, e.event, e.slots) for e in trace.events]
     assert (0.0, "demo-b", "die", None) in events and (2.0, "demo-b", "return", None) in events
