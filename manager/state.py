@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,8 @@ from qcluster.policy import QueuePolicy
 HISTORY_S = 3600.0
 #: A host is never declared dead sooner than this: a busy machine delays a report or two.
 MIN_EXPIRY_S = 5.0
+#: Intervals of reports the planner's per-round count of done jobs is taken from.
+RECENT_INTERVALS = 3
 
 
 @dataclass
@@ -152,8 +155,7 @@ class ClusterState:
         while track.samples and track.samples[0].at < cutoff:
             track.samples.popleft()
         # The planner's base is the work arriving since its previous round (done + backlog
-        # growth), so it also gets the jobs done in the last interval and what the sums span.
-        recent = [s for s in track.samples if s.at > now - self.cfg.interval_s]
+        # growth), so it also gets the jobs done in one interval and what the sums span.
         span = (now - min(s.at - s.covers_s for s in track.samples)) if track.samples else 0.0
         return QueueWindow(
             processed=sum(s.processed for s in track.samples),
@@ -162,7 +164,7 @@ class ClusterState:
             backlog=self.stats.get(queue, QueueStats()).ready,
             span_s=min(span, self.cfg.window_s),
             recent_s=self.cfg.interval_s if self.planned_once else 0.0,
-            recent_processed=sum(s.processed for s in recent),
+            recent_processed=done_per_interval(track.samples, now, self.cfg.interval_s),
         )
 
     def running(self, alive: dict[str, HostEntry]) -> dict[str, dict[str, int]]:
@@ -317,6 +319,17 @@ class ClusterState:
     def metrics_snapshot(self, now: float) -> dict[str, Any]:
         view = self.view(now)
         return {"view": view, "band": {q.name: band_for(q.priority) for q in view.queues}}
+
+
+def done_per_interval(samples: Iterable[Sample], now: float, interval_s: float) -> int:
+    """Jobs done in one planning interval, from the reports of the last three: hosts report
+    on their own phase, so one round may hold two reports of a host and the next none."""
+    recent = [s for s in samples if s.at > now - RECENT_INTERVALS * interval_s]
+    if not recent:
+        return 0
+    covered = max(s.at for s in recent) - min(s.at - s.covers_s for s in recent)
+    done = sum(s.processed for s in recent)
+    return round(done * interval_s / covered) if covered > 0 else done
 
 
 def running_row(report: HostReport) -> dict[str, int]:

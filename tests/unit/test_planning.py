@@ -268,3 +268,21 @@ def test_never_more_slots_than_the_cluster_has(queues: list[QueueInput], capacit
     assert sum(p.planned for p in plans.values()) <= capacity
     for p in plans.values():
         assert 0 <= p.planned <= p.needed
+
+
+@given(st.floats(0.0, 1.99), st.floats(0.0, 1.99), st.integers(100, 10_000),
+       st.lists(st.floats(-0.4, 0.4), min_size=60, max_size=60))
+def test_jobs_done_per_round_do_not_depend_on_the_hosts_report_phase(
+        phase_a: float, phase_b: float, per_report: int, jitter: list[float]) -> None:
+    """Two hosts report about every 2 s on their own phase, a little late or early; a
+    round counting only the reports since the previous round saw 0, 1 or 2 of a host's,
+    and its arrival estimate jumped 2x (a move 'by far')."""
+    from manager.state import Sample, done_per_interval
+
+    samples = [Sample(at=k * 2.0 + phase + jitter[k + 30 * i], processed=per_report,
+                      busy_s=1.0, alive_s=2.0, covers_s=2.0)
+               for i, phase in enumerate((phase_a, phase_b)) for k in range(1, 30)]
+    for now in (20.0, 22.0, 24.0, 26.0):
+        held = [s for s in samples if s.at <= now]
+        done = done_per_interval(held, now, 2.0)
+        assert abs(done - 2 * per_report) <= 0.5 * per_report, (now, done)
