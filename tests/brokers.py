@@ -10,6 +10,7 @@ default ports are never touched. Nothing here imports qcluster: ``bench/`` uses 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import shutil
@@ -37,6 +38,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, so that a
+    killed test session or bench leaves no server behind (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
@@ -87,7 +95,8 @@ class PrivateRedis:
             self.port = free_port()
             self.proc = subprocess.Popen(
                 self._command(), cwd=self.base_dir, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_die_with_parent)
             reason = self._wait_ready()
             if not reason:
                 return self.url
@@ -176,11 +185,12 @@ class PrivateRabbitMQ:
             self.epmd = subprocess.Popen(
                 ["epmd", "-port", self.env["ERL_EPMD_PORT"], "-address", "127.0.0.1"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=_die_with_parent)
             with open(self.base_dir / "startup.log", "wb") as log:
                 self.proc = subprocess.Popen(
                     [str(server)], cwd=self.base_dir, env=self.env, stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=_die_with_parent)
             reason = self._wait_ready()
             if not reason:
                 return self.url
