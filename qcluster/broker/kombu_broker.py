@@ -51,6 +51,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from math import isfinite
 from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -267,6 +268,7 @@ class KombuBroker(Broker):
         self._inspect: Any = None
         self._closed = threading.Event()
         self._beats: threading.Thread | None = None
+        self._next_tick = 0.0
 
     @classmethod
     def from_url(cls, url: str) -> KombuBroker:
@@ -346,7 +348,9 @@ class KombuBroker(Broker):
             got = True
         except TimeoutError:  # socket.timeout is an alias
             got = False
-        if self.heartbeat_s:
+        if self.heartbeat_s and time.monotonic() >= self._next_tick:
+            # py-amqp's tick costs more than a frame: at most a few times per heartbeat.
+            self._next_tick = time.monotonic() + self.heartbeat_s / 4
             self.conn.connection.heartbeat_tick(rate=2)
         return got
 
@@ -539,22 +543,25 @@ class KombuBroker(Broker):
                 pass
             now = time.time()
             messages: list[Any] = []
+            out: list[Delivery] = []
             redelivered: list[Any] = []
-            while state.buffer and len(messages) < max_jobs:
-                message = state.buffer.popleft()
+            suspect: int | None = None
+            buffer, held = state.buffer, state.held
+            while buffer and len(out) < max_jobs:
+                message = buffer.popleft()
                 if _uncounted_redelivery(message):
                     redelivered.append(message)
-                else:
-                    messages.append(message)
+                    continue
+                delivery = self._delivery(state, message, now)
+                if delivery.suspect and suspect is None:
+                    suspect = len(out)
+                held[message.delivery_tag] = delivery
+                messages.append(message)
+                out.append(delivery)
             if redelivered:
                 self._give_back_raw(queue, state, redelivered)
-            out = [self._delivery(state, message, now) for message in messages]
-            suspect = next((i for i, d in enumerate(out) if d.suspect), None)
             if suspect is not None:
-                out, messages = self._hold_one_suspect(queue, state, out, messages, suspect)
-            held = state.held
-            for message, delivery in zip(messages, out, strict=True):
-                held[message.delivery_tag] = delivery
+                out = self._hold_one_suspect(queue, state, out, messages, suspect)
             if out:
                 state.takes.append((time.monotonic() + lock_timeout_s, out))
                 return out
@@ -562,7 +569,7 @@ class KombuBroker(Broker):
     def _hold_one_suspect(
         self, queue: str, state: _Consumer, out: list[Delivery], messages: list[Any],
         index: int,
-    ) -> tuple[list[Delivery], list[Any]]:
+    ) -> list[Delivery]:
         """Hand out the suspect job alone and hold nothing else while it runs: the
         consumer is stopped (the next take starts it again) and the rest of the take and
         of the read-ahead go back unchanged. If the job kills its slot again, only it is
@@ -570,11 +577,14 @@ class KombuBroker(Broker):
         if state.consumer is not None:
             state.consumer.cancel()  # waits for cancel-ok: every delivery is in the buffer
             state.consumer = None
-        rest = messages[:index] + messages[index + 1:] + list(state.buffer)
+        rest = messages[:index] + messages[index + 1:]
+        for message in rest:
+            del state.held[message.delivery_tag]
+        rest += state.buffer
         state.buffer.clear()
         if rest:
             self._give_back_raw(queue, state, rest)
-        return [out[index]], [messages[index]]
+        return [out[index]]
 
     def _leave_others(self, queue: str) -> None:
         """Taking from ``queue`` now: stop every other queue's consumer (a slot moved to
@@ -666,14 +676,12 @@ class KombuBroker(Broker):
             activate_at = float(headers.get(ACTIVATE_HEADER, now))
             job_id = message.properties.get("message_id") or f"amqp-{tag}"
             body = message.body if isinstance(message.body, bytes) else message.body.encode()
-            if (not math.isfinite(activate_at) or not _is_clean(job_id)
-                    or tag in state.undecodable):
+            if (not isfinite(activate_at) or not (job_id.isascii() or _is_clean(job_id))
+                    or (state.undecodable and tag in state.undecodable)):
                 raise ValueError(state.undecodable.get(tag) or "unreadable id or activation")
-            return Delivery(
-                id=job_id, body=body, attempts=attempts, activate_at=activate_at, taken_at=now,
-                content_type=message.content_type or "", receipt=(self._generation, tag),
-                suspect=suspect,
-            )
+            # Positional: this runs once per job.
+            return Delivery(job_id, body, attempts, activate_at, now, message.content_type or "",
+                            (self._generation, tag), suspect)
         except Exception as exc:  # anything a producer can send: never kill the slot
             return _malformed_delivery(message, exc, (self._generation, tag), now,
                                        state.undecodable.pop(tag, ""))
