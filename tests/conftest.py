@@ -68,7 +68,8 @@ def _started(start: Callable[[], str]) -> str:
     try:
         return start()
     except BrokerUnavailable as error:
-        pytest.fail(str(error), pytrace=False)
+        reason = str(error)
+    pytest.fail(reason, pytrace=False)  # outside the except: the reason alone, once
 
 
 @pytest.fixture(scope="session")

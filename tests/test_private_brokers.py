@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import redis
 from kombu import Connection
 
+from tests import brokers
 from tests.conftest import EXISTING_RABBITMQ_URL, EXISTING_REDIS_URL, rabbitmqctl
 
 
@@ -30,3 +32,11 @@ def test_rabbitmq_is_a_private_node(rabbitmq_url: str, tmp_path_factory:
         connection.connect()
     node_dirs = rabbitmqctl("-q", "eval", "rabbit_mnesia:dir().")
     assert str(tmp_path_factory.getbasetemp()) in node_dirs
+
+
+def test_a_broker_that_cannot_start_names_the_package_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(brokers, "RABBITMQ_BIN", tmp_path / "no-rabbitmq")
+    with pytest.raises(brokers.BrokerUnavailable, match="rabbitmq-server package"):
+        brokers.PrivateRabbitMQ(tmp_path / "node").start()
