@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any, TypeVar, cast
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import amqp
 from kombu import Consumer, Exchange, Queue
@@ -110,9 +110,10 @@ def split_url_options(url: str) -> tuple[str, dict[str, float]]:
     for one in url.split(";"):
         parts = urlsplit(one)
         rest = []
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        for piece in parts.query.split("&") if parts.query else []:
+            ((key, value),) = parse_qsl(piece, keep_blank_values=True) or [("", "")]
             if key not in URL_OPTIONS:
-                rest.append((key, value))
+                rest.append(piece)  # as written: kombu reads it
                 continue
             try:
                 seconds = float(value)
@@ -123,7 +124,7 @@ def split_url_options(url: str) -> tuple[str, dict[str, float]]:
                     f"RabbitMQ URL option {key}={value!r}: want seconds between 0 and 3600"
                 )
             options[key] = seconds
-        urls.append(urlunsplit(parts._replace(query=urlencode(rest))))
+        urls.append(urlunsplit(parts._replace(query="&".join(rest))))
     return ";".join(urls), options
 
 

@@ -1,5 +1,7 @@
 """The read-ahead AMQP transport parses the same frames as py-amqp, however the bytes are
-cut by the network, and a read that times out mid-frame loses nothing."""
+cut by the network, and a read that times out mid-frame loses nothing; a blocking read on
+a silent link ends; invalid UTF-8 in a message's strings is decoded, not fatal; connection
+options in the URL are numbers."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from amqp.exceptions import UnexpectedFrame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qcluster.broker.amqp_readahead import ReadAheadTCPTransport
+from qcluster.broker.amqp_readahead import ReadAheadTCPTransport, lenient_str
+from qcluster.broker.kombu_broker import URL_OPTIONS, split_url_options
+from qcluster.errors import BrokerError
 
 Frame = tuple[int, int, bytes]
 
@@ -92,3 +96,40 @@ def test_a_closed_connection_is_an_error_not_a_hang() -> None:
         peer.shutdown(socket.SHUT_WR)
         with pytest.raises(OSError, match="closed"):
             transport.read_frame()
+
+
+def test_a_blocking_read_on_a_silent_link_ends_as_a_dead_link_not_a_timeout() -> None:
+    with transport_on_socketpair() as (transport, peer):
+        transport.sock.settimeout(None)  # how py-amqp waits for a reply: no timeout at all
+        transport.silence_limit_s = 0.2
+        with pytest.raises(ConnectionAbortedError, match="link is dead") as caught:
+            transport.read_frame()
+        assert not isinstance(caught.value, TimeoutError), "a timeout reads as 'no frame yet'"
+        peer.sendall(encode((8, 0, b"")))  # a heartbeat in time: the read goes on
+        assert transport.read_frame() == (8, 0, b"")
+
+
+@given(raw=st.binary(max_size=64))
+def test_any_bytes_decode_and_only_invalid_utf8_is_escaped(raw: bytes) -> None:
+    text = lenient_str(raw)
+    try:
+        assert text == raw.decode("utf-8", "surrogatepass")  # py-amqp's own decoding
+    except UnicodeDecodeError:
+        assert text.encode("utf-8", "surrogateescape") == raw  # nothing lost
+        with pytest.raises(UnicodeEncodeError):
+            text.encode("utf-8")  # so the broker can tell it is malformed
+
+
+@given(seconds=st.floats(0, 3600), other=st.sampled_from(["", "ssl=1", "x=a%20b"]))
+def test_connection_options_come_out_of_the_url_as_numbers(seconds: float, other: str) -> None:
+    query = "&".join(q for q in (f"heartbeat={seconds!r}", other) if q)
+    url, options = split_url_options(f"amqp://u:p@h:1/v?{query};amqp://h2//")
+    assert options["heartbeat"] == seconds
+    assert options["connect_timeout"] == URL_OPTIONS["connect_timeout"]
+    assert url == f"amqp://u:p@h:1/v{'?' + other if other else ''};amqp://h2//"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon", "", "3601"])
+def test_a_bad_connection_option_is_one_clear_error(value: str) -> None:
+    with pytest.raises(BrokerError, match=f"connect_timeout={value!r}"):
+        split_url_options(f"amqp://h//?connect_timeout={value}")
