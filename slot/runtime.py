@@ -83,6 +83,9 @@ class SlotRunner:
         self.metrics = _SlotMetrics(self.slot_label) if metrics.multiprocess_enabled() else None
         self._last_sent = 0.0
         self._fast_batches = False
+        self._one_at_a_time = False
+        """The last take held suspect jobs: take one job at a time until a take has none
+        (each suspect runs alone without re-reading its batch-mates every time)."""
         self._pending = Settlement()
         """Outcomes of the last batch, settled with the next take (see step)."""
         self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL_S
@@ -158,7 +161,8 @@ class SlotRunner:
                 self.metrics.write()
             self._heartbeat(idle=True)
             return False
-        if any(delivery.suspect for delivery in deliveries):
+        self._one_at_a_time = any(delivery.suspect for delivery in deliveries)
+        if self._one_at_a_time:
             deliveries = self._one_suspect(deliveries)
         taken = time.monotonic()
         settlement = Settlement()
@@ -222,6 +226,8 @@ class SlotRunner:
 
     def _take_size(self) -> int:
         size = self.spec.policy.batch_size
+        if self._one_at_a_time:
+            return 1
         if size >= PREFETCH_JOBS or not self._fast_batches:
             return size
         return size * (PREFETCH_JOBS // size)
