@@ -376,6 +376,16 @@ def test_an_evicting_redis_is_refused_at_connect(private_redis: str) -> None:
         open_broker(private_redis)
 
 
+@pytest.mark.parametrize("private_redis", [["--rename-command", "CONFIG", ""]], indirect=True)
+def test_a_redis_without_config_is_used_and_said_unchecked(private_redis: str) -> None:
+    broker = open_broker(private_redis)
+    (note,) = broker.durability()
+    assert "not checked" in note
+    broker.publish("q", "j", b"{}")
+    assert broker.stats("q").ready == 1
+    broker.close()
+
+
 @pytest.mark.parametrize("private_redis", [["--save", "900", "1"]], indirect=True)
 def test_snapshot_only_redis_is_named_in_stats(private_redis: str) -> None:
     broker = open_broker(private_redis)

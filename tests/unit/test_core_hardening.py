@@ -143,3 +143,32 @@ def test_a_take_on_a_silent_redis_ends_in_a_clear_error(silent_server: int) -> N
     assert not thread.is_alive(), "take still blocked on a server that never answers"
     assert len(outcome) == 1 and isinstance(outcome[0], BrokerUnavailable), outcome
     assert "unreachable" in str(outcome[0])
+
+
+# --- take replies --------------------------------------------------------------------
+
+_IDS = st.one_of(st.binary(min_size=1, max_size=12), st.text(min_size=1, max_size=12).map(
+    lambda text: text.encode()))
+
+
+@given(st.lists(st.tuples(_IDS, st.integers(-50, 50).filter(bool)), max_size=20))
+def test_a_take_reply_always_becomes_deliveries_marking_suspects_and_bad_ids(
+    jobs: list[tuple[bytes, int]],
+) -> None:
+    from qcluster.broker.redis_broker import _deliveries, _wire_id
+
+    reply: list[object] = [1_700_000_000_000, 1_700_000_060_000,
+                           sum(1 for _, attempts in jobs if attempts < 0)]
+    for job_id, attempts in jobs:
+        reply += [job_id, b"{}", attempts, b"1700000000000"]
+    deliveries = _deliveries(reply)
+    assert len(deliveries) == len(jobs)
+    for delivery, (job_id, attempts) in zip(deliveries, jobs, strict=True):
+        assert _wire_id(delivery.id) == job_id, "settling must address the stored id"
+        assert (delivery.attempts, delivery.suspect) == (abs(attempts), attempts < 0)
+        try:
+            job_id.decode()
+        except UnicodeDecodeError:
+            assert delivery.malformed.startswith("malformed:")
+        else:
+            assert delivery.malformed == ""
