@@ -483,3 +483,11 @@ def test_client_honours_the_queue_policy_max_message_bytes(
         client.purge(f"{queue_name}-undeclared")
         client.broker.delete_queue(f"{queue_name}-undeclared")  # type: ignore[attr-defined]
 
+
+
+def test_config_errors_keep_their_bracketed_section_names(tmp_path: Path) -> None:
+    config = tmp_path / "qcluster.toml"
+    config.write_text("[queues.foo]\nno_such_key = 1\n")
+    result = qcluster("stats", "--config", str(config))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "[queues.foo]" in result.stderr, result.stderr
