@@ -31,7 +31,8 @@ def _broker_urls() -> tuple[str, str]:
     from tests.brokers import BrokerUnavailable, PrivateBrokers
 
     base = Path(tempfile.mkdtemp(prefix="qcluster-bench-brokers-"))
-    brokers = PrivateBrokers(base)
+    # No AOF: the published figures were measured on a Redis without AOF or snapshots.
+    brokers = PrivateBrokers(base, redis_aof=False)
     atexit.register(shutil.rmtree, base, True)
     atexit.register(brokers.stop)
     # atexit runs on SIGINT (KeyboardInterrupt) and sys.exit; make SIGTERM one of those too.

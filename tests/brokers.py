@@ -72,9 +72,11 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 @dataclass
 class PrivateRedis:
-    """``redis-server`` on a free loopback port, with its own data directory and AOF."""
+    """``redis-server`` on a free loopback port, with its own data directory and AOF
+    (``appendfsync everysec``; ``aof=False`` for none)."""
 
     base_dir: Path
+    aof: bool = True
     port: int = 0
     version: str = ""
     binary: str = ""
@@ -128,7 +130,7 @@ class PrivateRedis:
     def _command(self) -> list[str]:
         return [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.base_dir), "--logfile", str(self.base_dir / "redis.log"),
-                "--daemonize", "no", "--save", "", "--appendonly", "yes",
+                "--daemonize", "no", "--save", "", "--appendonly", "yes" if self.aof else "no",
                 "--appendfsync", "everysec", "--protected-mode", "no"]
 
     def _wait_ready(self) -> str:
@@ -274,8 +276,9 @@ class PrivateRabbitMQ:
 class PrivateBrokers:
     """Both servers under one directory, each started on first use, stopped together."""
 
-    def __init__(self, base_dir: Path) -> None:
+    def __init__(self, base_dir: Path, *, redis_aof: bool = True) -> None:
         self.base_dir = base_dir
+        self.redis_aof = redis_aof
         self.redis: PrivateRedis | None = None
         self.rabbitmq: PrivateRabbitMQ | None = None
         self.startup_s: dict[str, float] = {}
@@ -283,7 +286,7 @@ class PrivateBrokers:
     def redis_url(self) -> str:
         if self.redis is None:
             started = time.monotonic()
-            server = PrivateRedis(self.base_dir / "redis")
+            server = PrivateRedis(self.base_dir / "redis", aof=self.redis_aof)
             server.start()
             self.redis = server
             self.startup_s["redis"] = time.monotonic() - started
