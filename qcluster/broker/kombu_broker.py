@@ -3,7 +3,8 @@
 How the queue-server contract maps onto AMQP (README, "Backend semantics"):
 
 - A queue NAME is a durable classic queue bound to its own durable topic exchange
-  ``qc.q.NAME``. Its dead-letter store is the durable queue ``qc~dead.NAME`` and its
+  ``qc.q.NAME``. Its dead-letter store is the durable queue ``qc~dead.NAME`` (at most
+  10,000 messages and 14 days, applied by RabbitMQ) and its
   delay ladder is named from ``qc~delay.NAME``: ``~`` is not allowed in a queue name
   (:mod:`qcluster.names`), so no queue can be another queue's store or ladder.
 - ``take`` is a kombu consumer with ``prefetch_count`` = the batch size and
@@ -84,6 +85,9 @@ MAX_BLOCK_S = 1.0
 BATCH_FILL_S = 0.005
 #: dead_jobs reads at most this many dead messages to find the newest ones.
 DEAD_SCAN_LIMIT = 10_000
+#: Dead letters kept per queue, as on Redis (the store's x-max-length and x-message-ttl).
+DEAD_MAX_COUNT = 10_000
+DEAD_MAX_AGE_S = 14 * 24 * 3600.0
 #: Connection options read from the URL's query (seconds) and their defaults.
 URL_OPTIONS = {"heartbeat": 10.0, "connect_timeout": 5.0, "write_timeout": 10.0}
 
@@ -237,6 +241,8 @@ class KombuBroker(Broker):
         max_retries: int = 5,
         connect_timeout_s: float | None = None,
         confirm_timeout_s: float = 30.0,
+        dead_max_count: int = DEAD_MAX_COUNT,
+        dead_max_age_s: float = DEAD_MAX_AGE_S,
     ) -> None:
         kombu_url, options = split_url_options(url)
         self.url = url
@@ -244,6 +250,10 @@ class KombuBroker(Broker):
         self.max_retries = max_retries
         self.confirm_timeout_s = confirm_timeout_s
         self.heartbeat_s = options["heartbeat"]
+        # RabbitMQ applies them itself: the oldest dead letter is dropped past the count,
+        # any is dropped past the age. Fixed when the store is first declared.
+        self._dead_arguments = {"x-max-length": dead_max_count, "x-overflow": "drop-head",
+                                "x-message-ttl": round(dead_max_age_s * 1000)}
         self.conn = Connection(
             kombu_url,
             failover_strategy="round-robin",
@@ -364,7 +374,8 @@ class KombuBroker(Broker):
         Queue(queue, queue_exchange(queue), routing_key=queue, durable=True).bind(
             channel
         ).declare()
-        Queue(dead_queue_name(queue), durable=True).bind(channel).declare()
+        Queue(dead_queue_name(queue), durable=True, queue_arguments=self._dead_arguments
+              ).bind(channel).declare()
         self._declared.add(queue)
         self._seen.add(queue)
 

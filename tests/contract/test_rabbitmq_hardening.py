@@ -39,14 +39,15 @@ def brokers(rabbitmq_url: str) -> Iterator[list[KombuBroker]]:
         broker.close()
 
 
-def take_all(broker: KombuBroker, queue: str, count: int, timeout_s: float = 20.0
-             ) -> list[Delivery]:
+def take_all(broker: KombuBroker, queue: str, count: int, timeout_s: float = 20.0,
+             *, ack: bool = True) -> list[Delivery]:
     """Take (and ack) until ``count`` jobs came, or fail after ``timeout_s``."""
     got: list[Delivery] = []
     deadline = time.monotonic() + timeout_s
     while len(got) < count and time.monotonic() < deadline:
-        batch = broker.take(queue, max_jobs=count, lock_timeout_s=30, wait_s=0.5)
-        broker.ack(queue, batch)
+        batch = broker.take(queue, max_jobs=count - len(got), lock_timeout_s=30, wait_s=0.5)
+        if ack:
+            broker.ack(queue, batch)
         got += batch
     assert len(got) == count, f"took {len(got)} of {count} jobs"
     return got
@@ -299,3 +300,15 @@ def test_a_blackholed_link_is_noticed_and_the_jobs_it_held_come_back(
         direct.publish(queue_name, "later", b"{}")
         (again,) = take_all(slot, queue_name, 1)  # reconnected once the link is back
         assert again.id == "later"
+
+
+def test_dead_letters_are_kept_up_to_the_store_limit_newest_first(
+    rabbitmq_url: str, queue_name: str, brokers: list[KombuBroker]
+) -> None:
+    broker = KombuBroker(rabbitmq_url, dead_max_count=3)
+    brokers.append(broker)
+    broker.publish_many(queue_name, [(f"j{i}", b"{}") for i in range(5)])
+    for delivery in take_all(broker, queue_name, 5, ack=False):
+        broker.dead(queue_name, delivery, f"no {delivery.id}")
+    assert [d.id for d in broker.dead_jobs(queue_name)] == ["j4", "j3", "j2"]
+    assert broker.stats(queue_name).dead == 3
