@@ -19,7 +19,7 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
   ``want`` is beyond the band by far;
 * down: only after ``want`` stayed below the band for ``hold_rounds(priority)`` rounds in a
   row (longer for higher priorities) over at least 200 jobs, then to the most those
-  rounds wanted;
+  rounds wanted, an earlier round's want fading by the band each round;
 * a queue with backlog and no measurement yet starts with enough slots for its backlog
   in batches, capped by ``max_slots``;
 * when the cluster's capacity is short: minimums first in priority order, then the rest
@@ -248,7 +248,7 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
         edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
-        return _down(queue, want, counted, edge_jobs, Need(
+        return _down(queue, want, counted, edge_jobs, band, Need(
             anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work))
     return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, band, upper - 1),
                 work)
@@ -275,17 +275,22 @@ def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -
                    high_floor=floor)
 
 
-def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, keep: Need) -> Need:
+def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, band: float,
+          keep: Need) -> Need:
     """Below the band: held for hold_rounds(priority) rounds in a row and until the streak
     is significant (it counted MIN_RELEASE_JOBS jobs, or the band's edge would have brought
-    that many, or MAX_HOLD_ROUNDS passed), then down to the most any round wanted."""
+    that many, or MAX_HOLD_ROUNDS passed), then down to the most any round wanted, an
+    earlier round's want fading by the band each round."""
     previous = queue.previous
     streak = previous is not None and previous.low_rounds > 0
     low_rounds = (previous.low_rounds if streak and previous else 0) + 1
     # A round in which no job arrived and none waits wants nothing (the smoothed estimate
     # only decays towards 0); one with any job wants at least a slot.
     wanted = math.ceil(want) if counted or queue.window.backlog else 0
-    low_peak = max(previous.low_peak if streak and previous else 0, wanted)
+    # The most wanted, fading by the band each round: the first rounds after a drop still
+    # count part of the old rate (reports lag), and must not set where the release lands.
+    fading = math.floor(previous.low_peak * (1 - band)) if streak and previous else 0
+    low_peak = max(fading, wanted)
     low_jobs = (previous.low_jobs if streak and previous else 0) + counted
     hold = hold_rounds(queue.policy.priority)
     landed = previous is None or queue.current == previous.planned

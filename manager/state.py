@@ -32,8 +32,8 @@ from qcluster.policy import QueuePolicy
 HISTORY_S = 3600.0
 #: A host is never declared dead sooner than this: a busy machine delays a report or two.
 MIN_EXPIRY_S = 5.0
-#: Intervals of reports the planner's per-round count of done jobs is taken from.
-RECENT_INTERVALS = 3
+#: A host's latest report older than this many intervals is not counted in a round's jobs.
+RECENT_INTERVALS = 2
 
 
 @dataclass
@@ -52,6 +52,7 @@ class Sample:
     alive_s: float
     covers_s: float
     """The report interval these counters were counted over (they end at ``at``)."""
+    host: str = ""
 
 
 @dataclass
@@ -112,7 +113,7 @@ class ClusterState:
                 track = self.tracks.setdefault(queue, QueueTrack())
                 c = counted.counters
                 track.samples.append(Sample(now, c.processed, c.busy_s, counted.alive_s,
-                                            report.interval_s))
+                                            report.interval_s, report.host))
             for queue in report.queues:
                 self.tracks.setdefault(queue, QueueTrack())
             if report.host in self.drained:
@@ -322,14 +323,15 @@ class ClusterState:
 
 
 def done_per_interval(samples: Iterable[Sample], now: float, interval_s: float) -> int:
-    """Jobs done in one planning interval, from the reports of the last three: hosts report
-    on their own phase, so one round may hold two reports of a host and the next none."""
-    recent = [s for s in samples if s.at > now - RECENT_INTERVALS * interval_s]
-    if not recent:
-        return 0
-    covered = max(s.at for s in recent) - min(s.at - s.covers_s for s in recent)
-    done = sum(s.processed for s in recent)
-    return round(done * interval_s / covered) if covered > 0 else done
+    """Jobs done in one planning interval: each host's latest report, as a rate over the
+    time it covers. Hosts report on their own phase, a little early or late, so counting
+    the reports received since the previous round saw 0, 1 or 2 of a host's."""
+    latest: dict[str, Sample] = {}
+    for sample in samples:
+        if sample.at > now - RECENT_INTERVALS * interval_s:
+            latest[sample.host] = sample  # samples are in arrival order: the last one wins
+    return round(sum(s.processed / s.covers_s for s in latest.values() if s.covers_s > 0)
+                 * interval_s)
 
 
 def running_row(report: HostReport) -> dict[str, int]:
