@@ -22,6 +22,7 @@ from admin_ui.charts import Series, line_chart
 from admin_ui.display import load_bar_percent, load_text
 from admin_ui.source import ClusterSource
 from qcluster.messages import HistoryPoint, QueueView
+from qcluster.security import bearer_token
 
 HERE = Path(__file__).parent
 REFRESH_S = 3
@@ -121,8 +122,8 @@ def build_router(source: ClusterSource) -> APIRouter:
 
     @router.post("/queues/{name}/requeue", response_class=HTMLResponse)
     def requeue(request: Request, name: str, token: str = Form("")) -> Response:
-        bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not source.check_token(token or bearer or None):
+        bearer = bearer_token(request.headers.get("authorization"))
+        if not source.check_token(token or bearer):
             return templates.TemplateResponse(
                 request, "message.html",
                 _context(request, title="Not authorised",

@@ -1,8 +1,10 @@
 """The manager's HTTP API (FastAPI) and its planning loop.
 
-Read-only by default; every mutating endpoint needs the token (``Authorization: Bearer``).
-Bound to loopback, it also refuses requests whose Host header is not a loopback name
-(DNS rebinding).
+Read-only by default; every mutating endpoint needs the token (``Authorization: Bearer``),
+and so do masters' reports once a token is set (without one, the manager only listens on
+loopback and takes reports from it). Bound to loopback, it also refuses requests whose Host
+header is not a loopback name (DNS rebinding). Request bodies above 1 MiB get 413; a report
+with a NaN, a negative or an out-of-range figure gets 422.
 """
 
 from __future__ import annotations
@@ -15,18 +17,18 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from manager.recorder import Recorder
 from manager.state import ClusterState
 from qcluster.broker.base import Broker, DeadJob
 from qcluster.errors import BrokerError
 from qcluster.messages import Assignment, ClusterView, HistoryPoint, HostReport
+from qcluster.security import MAX_BODY_BYTES, GuardMiddleware, bearer_token
 
 logger = logging.getLogger(__name__)
-LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 
 
 class ManagerService:
@@ -67,7 +69,7 @@ class ManagerService:
 
     # the planning loop
     def refresh_stats(self) -> None:
-        queues = list(self.state.policies())
+        queues = list(self.state.policies(self.clock()))
         stats = {}
         with self.broker_lock:
             for queue in queues:
@@ -99,25 +101,41 @@ class ManagerService:
         threading.Thread(target=self.loop, name="manager-planner", daemon=True).start()
 
 
-def create_app(service: ManagerService, *, loopback: bool = True) -> FastAPI:
+def create_app(service: ManagerService, *, loopback: bool = True,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(
         title="qcluster manager",
         description="Plans slots per queue from backlog and throughput, places them on hosts "
                     "and explains every decision. Mutating endpoints need the token.",
         version="0.1.0",
     )
-    if loopback:
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)
+    app.add_middleware(GuardMiddleware, loopback=loopback, max_body_bytes=max_body_bytes)
+
+    @app.exception_handler(RecursionError)
+    def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+        return JSONResponse({"detail": "request body nested too deeply"}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """422 naming each bad field, without echoing its value (a NaN is no JSON)."""
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
+                   "type": str(e.get("type", ""))} for e in exc.errors()[:50]]
+        return JSONResponse({"detail": errors}, status_code=422)
 
     def authorised(authorization: Annotated[str | None, Header()] = None) -> None:
-        token = (authorization or "").removeprefix("Bearer ").strip() or None
-        if not service.check_token(token):
+        if not service.check_token(bearer_token(authorization)):
             raise HTTPException(401, "a valid token is required (Authorization: Bearer ...)",
                                 headers={"WWW-Authenticate": "Bearer"})
 
+    def reporter_authorised(authorization: Annotated[str | None, Header()] = None) -> None:
+        """With a token set, reports need it; without one, only a loopback manager (the
+        CLI refuses a public bind without a token) takes them, from this machine."""
+        if service.token or not loopback:
+            authorised(authorization)
+
     guarded = [Depends(authorised)]
 
-    @app.post("/api/v1/reports", tags=["masters"])
+    @app.post("/api/v1/reports", tags=["masters"], dependencies=[Depends(reporter_authorised)])
     def report(body: HostReport) -> Assignment:
         """A master's report; the reply is its row of the slot map."""
         return service.state.receive(body, service.clock())

@@ -19,14 +19,15 @@ from qcluster.cli import (
 )
 
 logger = logging.getLogger("qcluster.manager")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def manager(
     config: ConfigOpt = None,
     broker: BrokerOpt = None,
     listen: Annotated[
-        str | None, typer.Option("--listen", help="HOST:PORT (default 127.0.0.1:7300)")
+        str | None, typer.Option(
+            "--listen", help="HOST:PORT, [IPV6]:PORT or PORT (default 127.0.0.1:7300); "
+                             "anything but loopback needs a token")
     ] = None,
     interval: Annotated[
         float | None, typer.Option("--interval", help="Seconds between planning rounds")
@@ -43,6 +44,7 @@ def manager(
     from manager.api import ManagerService, create_app
     from manager.recorder import recorder_for
     from manager.state import ClusterState
+    from qcluster.security import check_server_security, parse_listen
 
     setup_logging(log_level)
     settings = settings_for(config, broker_url=broker)
@@ -56,16 +58,16 @@ def manager(
             overrides["record"] = record
         settings = settings.model_copy(
             update={"manager": settings.manager.model_copy(update=overrides)})
+        address = parse_listen(settings.manager.listen)
+        check_server_security(address, settings.token, role="manager")
         broker_conn = open_configured_broker(settings)
-        host, _, port = settings.manager.listen.rpartition(":")
         service = ManagerService(ClusterState(settings), broker_conn, settings.token)
-        app = create_app(service, loopback=host in LOOPBACK)
+        app = create_app(service, loopback=address.loopback)
         service.recorder = recorder_for(settings.manager, started_at=time.time())
     service.start()
-    logger.info("manager on http://%s/ (admin UI), broker %s", settings.manager.listen,
-                broker_conn.safe_url)
+    logger.info("manager on http://%s/ (admin UI), broker %s", address, broker_conn.safe_url)
     try:
-        uvicorn.run(app, host=host or "127.0.0.1", port=int(port), log_level="warning")
+        uvicorn.run(app, host=address.host, port=address.port, log_level="warning")
     finally:
         service.stopped.set()
         if service.recorder is not None:

@@ -140,14 +140,20 @@ class ClusterState:
             <= max(MIN_EXPIRY_S, expiry * max(entry.report.interval_s, self.cfg.interval_s))
         }
 
-    def policies(self) -> dict[str, QueuePolicy]:
-        """Code defaults reported by masters, overridden by [queues.NAME] in qcluster.toml."""
+    def policies(self, now: float | None = None) -> dict[str, QueuePolicy]:
+        """Code defaults reported by live masters (all known ones when ``now`` is None),
+        overridden by [queues.NAME] in qcluster.toml. An override that does not fit a
+        host's code policy keeps the code policy (the master refuses it at its start)."""
         merged: dict[str, QueuePolicy] = {}
-        for entry in self.hosts.values():
+        hosts = self.hosts if now is None else self.alive_hosts(now)
+        for entry in hosts.values():
             merged.update(entry.report.queues)
         for name, overrides in self.settings.queues.items():
             base = merged.get(name) or QueuePolicy.model_validate({})
-            merged[name] = base.merged(overrides)
+            try:
+                merged[name] = base.merged(overrides)
+            except ValueError:
+                merged[name] = base
         return merged
 
     def window(self, queue: str, now: float) -> QueueWindow:
@@ -178,7 +184,7 @@ class ClusterState:
         with self.lock:
             alive = self.alive_hosts(now)
             running = self.running(alive)
-            policies = self.policies()
+            policies = self.policies(now)
             serves = {name: frozenset(e.report.queues) for name, e in alive.items()}
             inputs = [
                 QueueInput(name, policy, sum(row.get(name, 0) for row in running.values()),
@@ -247,7 +253,7 @@ class ClusterState:
         with self.lock:
             alive = self.alive_hosts(now)
             running = self.running(alive)
-            policies = self.policies()
+            policies = self.policies(now)
             queues = {}
             for name in sorted(policies):
                 self.window(name, now)  # drops samples older than the window
@@ -270,7 +276,7 @@ class ClusterState:
         with self.lock:
             alive = self.alive_hosts(now)
             running = self.running(alive)
-            policies = self.policies()
+            policies = self.policies(now)
             queues = [self._queue_view(name, policy, running, now)
                       for name, policy in sorted(policies.items())]
             hosts = [self._host_view(name, entry, name in alive)

@@ -15,6 +15,7 @@ import typer
 from qcluster import metrics
 from qcluster.cli import BrokerOpt, ConfigOpt, settings_for, setup_logging, user_errors
 from qcluster.errors import ConfigError
+from qcluster.security import ListenAddress
 
 logger = logging.getLogger("qcluster.master")
 #: The files prometheus_client's multiprocess mode writes (``TYPE_IDENTITY.db``): a slot's
@@ -71,7 +72,8 @@ def master(
     ] = None,
     listen: Annotated[
         str,
-        typer.Option("--listen", help="HOST:PORT of /metrics and the JSON API"),
+        typer.Option("--listen", help="HOST:PORT, [IPV6]:PORT or PORT of /metrics and the "
+                                      "JSON API (read-only); anything but loopback needs a token"),
     ] = "127.0.0.1:7301",
     config: ConfigOpt = None,
     metrics_on: Annotated[
@@ -85,12 +87,15 @@ def master(
 ) -> None:
     """Run this host's slots: fork them from the pre-imported app, size, watch, recycle."""
     from master.supervisor import Supervisor
+    from qcluster.security import check_server_security, parse_listen
 
     setup_logging(log_level)
     with user_errors():
         settings = settings_for(config, broker_url=broker, app=app, manager_url=manager)
         if not settings.app:
             raise ConfigError("no application: pass --app MODULE or set app in qcluster.toml")
+        address = parse_listen(listen)
+        check_server_security(address, settings.token, role="master")
         row = parse_slots(slots) if slots else None
         name = host_name or socket.gethostname()
         if metrics_on:
@@ -107,7 +112,7 @@ def master(
         preimport_for_slots(settings.broker_url, metrics_on)
         supervisor = Supervisor(application, settings, host_name=name, fixed_row=row,
                                 run_slot=run_slot)
-        code = _run(supervisor, listen, settings.manager_url if row is None else None)
+        code = _run(supervisor, address, settings.manager_url if row is None else None)
     raise typer.Exit(code)
 
 
@@ -126,7 +131,7 @@ def preimport_for_slots(broker_url: str | None, metrics_on: bool) -> None:
         importlib.import_module("prometheus_client.multiprocess")
 
 
-def _run(supervisor: object, listen: str, manager_url: str | None) -> int:
+def _run(supervisor: object, listen: ListenAddress, manager_url: str | None) -> int:
     from master.http import serve
     from master.reporter import Reporter
     from master.supervisor import Supervisor
@@ -137,7 +142,8 @@ def _run(supervisor: object, listen: str, manager_url: str | None) -> int:
     logger.info("master %s: http://%s/metrics, queues %s", supervisor.host_name, listen,
                 ", ".join(sorted(supervisor.app.queues)))
     if manager_url:
-        Reporter(supervisor, manager_url, supervisor.settings.master.report_interval_s).start()
+        Reporter(supervisor, manager_url, supervisor.settings.master.report_interval_s,
+                 token=supervisor.settings.token).start()
     # Everything imported so far is shared copy-on-write by every slot: keep the GC from
     # touching (and so copying) those objects' pages in the slots.
     gc.collect()

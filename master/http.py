@@ -2,13 +2,15 @@
 
 The stdlib server in one daemon thread, not uvicorn: the master forks slots all the
 time, and a thread that only blocks in accept() and writes to its own socket is the
-least that can be inherited by a fork in a bad state. Read-only; binds 127.0.0.1 by default.
+least that can be inherited by a fork in a bad state. Read-only (other methods: 405);
+binds 127.0.0.1 by default, and then answers only loopback Host headers (DNS rebinding).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +18,7 @@ from typing import Any
 
 from master.supervisor import RESTART_REASONS, Snapshot
 from qcluster import metrics
+from qcluster.security import ListenAddress, host_header_is_loopback
 
 Getter = Callable[[], Snapshot]
 
@@ -100,14 +103,18 @@ def host_json(snap: Snapshot) -> dict[str, Any]:
     }
 
 
-def serve(listen: str, snapshot: Getter, host: str) -> ThreadingHTTPServer:
+def serve(listen: ListenAddress, snapshot: Getter, host: str) -> ThreadingHTTPServer:
     """Start the endpoint in a daemon thread; returns the server (its socket for the fork)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     registry = build_registry(snapshot, host)
+    loopback = listen.loopback
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if loopback and not host_header_is_loopback(self.headers.get("Host")):
+                self._json({"detail": "invalid host header"}, 400)
+                return
             path = self.path.split("?")[0]
             if path == "/metrics":
                 self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
@@ -119,6 +126,16 @@ def serve(listen: str, snapshot: Getter, host: str) -> ThreadingHTTPServer:
                 self._json(host_json(snapshot()))
             else:
                 self._json({"detail": "not found"}, 404)
+
+        def _read_only(self) -> None:
+            self.send_response(405)
+            self.send_header("Allow", "GET")
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True  # its body, if any, is never read
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _read_only
 
         def _json(self, body: Any, status: int = 200) -> None:
             self._reply(status, json.dumps(body).encode(), "application/json")
@@ -133,8 +150,12 @@ def serve(listen: str, snapshot: Getter, host: str) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:
             pass  # scrapes every few seconds would drown the log
 
-    address, _, port = listen.rpartition(":")
-    server = ThreadingHTTPServer((address or "127.0.0.1", int(port)), Handler)
+    server_class = _IPv6Server if ":" in listen.host else ThreadingHTTPServer
+    server = server_class((listen.host, listen.port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="master-http", daemon=True).start()
     return server
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6

@@ -52,10 +52,14 @@ def build_report(sup: Supervisor, interval_s: float, generation: int) -> HostRep
 class Reporter:
     """Runs in a daemon thread next to the supervisor loop."""
 
-    def __init__(self, sup: Supervisor, manager_url: str, interval_s: float) -> None:
+    def __init__(self, sup: Supervisor, manager_url: str, interval_s: float, *,
+                 token: str | None = None) -> None:
         self.sup = sup
         self.url = manager_url.rstrip("/") + "/api/v1/reports"
         self.interval_s = interval_s
+        self.headers = {"Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
         self.generation = 0
         self.reachable = True
 
@@ -72,13 +76,13 @@ class Reporter:
         report = build_report(self.sup, self.interval_s, self.generation)
         try:
             response = client.post(self.url, content=report.model_dump_json(),
-                                   headers={"Content-Type": "application/json"})
+                                   headers=self.headers)
             response.raise_for_status()
             assignment = Assignment.model_validate_json(response.content)
         except (httpx.HTTPError, ValueError) as exc:
             if self.reachable:
-                logger.warning("manager %s unreachable (%s): keeping the last slot row",
-                               self.url, exc)
+                logger.warning("manager %s unreachable (%s): keeping the last slot row%s",
+                               self.url, exc, _hint(exc))
             self.reachable = False
             self._give_back(report)
             return
@@ -95,3 +99,9 @@ class Reporter:
             for queue, counted in report.counters.items():
                 before = self.sup.pending.get(queue, BatchCounters())
                 self.sup.pending[queue] = before + counted.counters
+
+
+def _hint(exc: Exception) -> str:
+    if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 401:
+        return " (the manager wants its token: set token / QCLUSTER_TOKEN to the manager's)"
+    return ""

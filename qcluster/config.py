@@ -38,10 +38,10 @@ class MasterSettings(BaseModel):
     """Assumed PSS of one slot before any slot has been measured, MiB."""
     max_load_per_cpu: float = Field(4.0, gt=0)
     """Capacity is capped at max_load_per_cpu * cpus when load is that high."""
-    max_slots: int = Field(256, ge=1)
+    max_slots: int = Field(256, ge=1, le=100_000)
     """Hard cap on slots on one host, whatever memory says."""
-    report_interval_s: float = Field(2.0, gt=0)
-    """Seconds between reports to the manager."""
+    report_interval_s: float = Field(2.0, gt=0, le=60)
+    """Seconds between reports to the manager (at most 60: a silent host must expire)."""
     heartbeat_timeout_s: float = Field(30.0, gt=0)
     """A slot silent for this long (not inside a batch) is killed as hung."""
     memory_kill_factor: float = Field(2.0, gt=1)
@@ -56,8 +56,8 @@ class ManagerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     listen: str = "127.0.0.1:7300"
-    interval_s: float = Field(2.0, gt=0)
-    """Seconds between planning rounds."""
+    interval_s: float = Field(2.0, gt=0, le=60)
+    """Seconds between planning rounds (also the masters' report interval: at most 60)."""
     window_s: float = Field(60.0, gt=0)
     """Sliding window of statistics the planner looks at."""
     host_expiry_intervals: int = Field(3, ge=1)

@@ -9,15 +9,37 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
-from qcluster.policy import QueuePolicy
+from qcluster.policy import QUEUE_NAME_PATTERN, QueuePolicy
 
 SCHEMA_VERSION = 1
 
+# Bounds on what crosses a process boundary: a report comes over the network, and one
+# NaN, negative or astronomically large figure must be refused (422), not planned with.
+MAX_COUNT = 1 << 53
+"""Largest job/batch count (exact in a float)."""
+MAX_SECONDS = 1e9
+"""Largest duration summed in a report (~31 years)."""
+MAX_BYTES = 1 << 60
+MAX_SLOTS = 100_000
+MAX_QUEUES = 1_000
+"""Queues in one host report."""
+MAX_REPORT_INTERVAL_S = 60.0
+"""A master reports at least this often, so a host that stops reporting expires."""
+
+Name = Annotated[str, StringConstraints(pattern=QUEUE_NAME_PATTERN)]
+"""A queue or host name: the queue-name rule (1-128 of letters, digits, _ . : -)."""
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Timestamp = Annotated[float, Field(ge=0, le=1e11)]
+"""Unix or monotonic seconds."""
+Load = Annotated[float, Field(ge=0, le=1e6)]
+
 
 class _Msg(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 # --- slot -> master -------------------------------------------------------------
@@ -48,13 +70,13 @@ class BatchStarted(_Msg):
 class BatchCounters(_Msg):
     """What one or more batches did; summed by the master per queue."""
 
-    done: int = 0
-    retried: int = 0
-    failed: int = 0
+    done: Count = 0
+    retried: Count = 0
+    failed: Count = 0
     """Dead-lettered by the handler, by max_attempts, or as malformed."""
-    malformed: int = 0
-    batches: int = 0
-    busy_s: float = 0.0
+    malformed: Count = 0
+    batches: Count = 0
+    busy_s: Seconds = 0.0
     """Seconds spent in the handler."""
 
     def __add__(self, other: BatchCounters) -> BatchCounters:
@@ -110,52 +132,55 @@ MASTER_TO_SLOT: TypeAdapter[MasterToSlot] = TypeAdapter(MasterToSlot)
 
 
 class HostFacts(_Msg):
-    cpus: float
+    cpus: Annotated[float, Field(ge=0, le=MAX_SLOTS)]
     """CPUs usable here (cgroup cpu.max taken into account)."""
-    loadavg: tuple[float, float, float]
-    mem_total_bytes: int
-    mem_available_bytes: int
-    pss_total_bytes: int
+    loadavg: tuple[Load, Load, Load]
+    mem_total_bytes: Bytes
+    mem_available_bytes: Bytes
+    pss_total_bytes: Bytes
     """PSS of the master and all its slots."""
-    avg_slot_pss_bytes: int
+    avg_slot_pss_bytes: Bytes
 
 
 SlotState = Literal["starting", "idle", "busy", "stopping", "backoff"]
 
 
 class SlotInfo(_Msg):
-    slot_no: int
-    pid: int
-    queue: str
+    slot_no: Annotated[int, Field(ge=0, le=MAX_SLOTS)]
+    pid: Annotated[int, Field(ge=0, le=1 << 32)]
+    queue: Name
     state: SlotState
-    started_at: float
+    started_at: Timestamp
     """Wall-clock unix seconds."""
-    jobs_done: int = 0
-    pss_bytes: int = 0
-    private_dirty_bytes: int = 0
+    jobs_done: Count = 0
+    pss_bytes: Bytes = 0
+    private_dirty_bytes: Bytes = 0
 
 
 class QueueCounters(_Msg):
     """One queue on one host since the previous report."""
 
     counters: BatchCounters = BatchCounters()
-    alive_s: float = 0.0
+    alive_s: Seconds = 0.0
     """Sum over this queue's slots of the seconds they existed in the interval."""
 
 
 class HostReport(_Msg):
-    schema_version: int = SCHEMA_VERSION
-    host: str
-    sent_at: float
+    """Every field bounded and finite: the manager plans with these numbers."""
+
+    schema_version: Annotated[int, Field(ge=1, le=1000)] = SCHEMA_VERSION
+    host: Name
+    sent_at: Timestamp
     """Master wall-clock unix seconds."""
-    interval_s: float
+    interval_s: Annotated[float, Field(gt=0, le=MAX_REPORT_INTERVAL_S)]
+    """Seconds to the next report; bounded so a host that stops reporting expires."""
     facts: HostFacts
-    capacity_slots: int
-    queues: dict[str, QueuePolicy]
+    capacity_slots: Annotated[int, Field(ge=0, le=MAX_SLOTS)]
+    queues: Annotated[dict[Name, QueuePolicy], Field(max_length=MAX_QUEUES)]
     """Queues this host can serve, with their policies as declared in code."""
-    slots: list[SlotInfo]
-    counters: dict[str, QueueCounters]
-    generation: int = 0
+    slots: Annotated[list[SlotInfo], Field(max_length=MAX_SLOTS)]
+    counters: Annotated[dict[Name, QueueCounters], Field(max_length=MAX_QUEUES)]
+    generation: Count = 0
     """Generation of the row the master is applying (0: none received yet)."""
 
 

@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
+#: Bounds that keep every figure the planner and the brokers compute with sane.
+MAX_SLOTS = 100_000
+MAX_DURATION_S = 7 * 86_400.0
 DEFAULT_LOCK_TIMEOUT = 60.0
 DEFAULT_BATCH_TIMEOUT = 30.0
 #: The master kills a hung slot at its batch deadline; the kill takes time (the master's
@@ -45,38 +48,38 @@ def lock_timeout_for(batch_timeout: float) -> float:
 class QueuePolicy(BaseModel):
     """How one queue is served. Validated once, immutable afterwards."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     batch_size: int = Field(1, ge=1, le=2_000)
     """Jobs taken per round trip and handed to the handler at once."""
     priority: int = Field(0, ge=-100, le=100)
     """Higher goes first when the cluster is short of slots."""
-    min_slots: int = Field(0, ge=0)
+    min_slots: int = Field(0, ge=0, le=MAX_SLOTS)
     """Slots kept even when the queue is idle (so its first job starts at once)."""
-    max_slots: int = Field(100, ge=0)
+    max_slots: int = Field(100, ge=0, le=MAX_SLOTS)
     """Never more slots than this for the queue, however long its backlog."""
-    lock_timeout: float = Field(DEFAULT_LOCK_TIMEOUT, gt=0, allow_inf_nan=False)
+    lock_timeout: float = Field(DEFAULT_LOCK_TIMEOUT, gt=0, le=MAX_DURATION_S)
     """Seconds a taken job stays invisible to other slots before it comes back. Must be at
     least batch_timeout + max(1 s, 10% of batch_timeout). Set alone, batch_timeout is
     derived from it (the longest that fits, at most 30 s)."""
-    batch_timeout: float = Field(DEFAULT_BATCH_TIMEOUT, gt=0, allow_inf_nan=False)
+    batch_timeout: float = Field(DEFAULT_BATCH_TIMEOUT, gt=0, le=MAX_DURATION_S)
     """Seconds a batch may run; past it the master kills the slot (hung). Set alone,
     lock_timeout is derived from it (60 s, or longer when the margin needs it)."""
-    max_attempts: int = Field(5, ge=1)
+    max_attempts: int = Field(5, ge=1, le=1_000_000)
     """Takes before a failing job goes to the dead-letter store."""
     on_error: Literal["retry", "lock"] = "retry"
     """A raising handler: retry with backoff (default) or leave the jobs locked."""
-    retry_base_delay: float = Field(1.0, gt=0)
+    retry_base_delay: float = Field(1.0, gt=0, le=MAX_DURATION_S)
     """First retry delay in seconds; doubles per attempt, with jitter."""
-    retry_max_delay: float = Field(300.0, gt=0)
+    retry_max_delay: float = Field(300.0, gt=0, le=MAX_DURATION_S)
     """Cap on the retry delay in seconds."""
-    private_dirty_limit_mb: float = Field(512.0, gt=0)
+    private_dirty_limit_mb: float = Field(512.0, gt=0, le=1 << 30)
     """A slot whose Private_Dirty passes this recycles itself after its batch."""
-    target_wait: float | None = Field(None, gt=0)
+    target_wait: float | None = Field(None, gt=0, le=MAX_DURATION_S)
     """Optional: seconds within which a backlog should drain (raises planned slots)."""
-    est_job_seconds: float = Field(0.05, gt=0)
+    est_job_seconds: float = Field(0.05, gt=0, le=MAX_DURATION_S)
     """Assumed job time before any job of the queue has been measured."""
-    max_message_bytes: int = Field(1 << 20, ge=64)
+    max_message_bytes: int = Field(1 << 20, ge=64, le=1 << 30)
     """Bigger messages are refused on publish and dead-lettered on take."""
 
     @model_validator(mode="before")

@@ -23,6 +23,8 @@ import jsonschema
 import pytest
 import yaml
 
+from qcluster.errors import ConfigError
+from qcluster.security import check_server_security, parse_listen
 from tests.conftest import IN_CI, ROOT
 from tests.deploy.metric_names import exported_names, names_in
 
@@ -100,7 +102,7 @@ def test_kubernetes_manifests_parse_and_match_the_schemas() -> None:
         assert kind in schemas, f"{path}: no schema for kind {kind!r}"
         jsonschema.validate(doc, schemas[kind])
         kinds.add(kind)
-    assert {"Deployment", "DaemonSet", "Service", "ConfigMap", "Secret", "PodMonitor",
+    assert {"Deployment", "DaemonSet", "Service", "ConfigMap", "PodMonitor",
             "Kustomization"} <= kinds
 
 
@@ -112,6 +114,36 @@ def test_master_daemonset_drains_and_keeps_metrics_in_memory() -> None:
     assert volume["emptyDir"]["medium"] == "Memory" and volume["emptyDir"]["sizeLimit"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_no_shipped_file_carries_a_token_and_the_roles_need_one() -> None:
+    """The shipped files listened on 0.0.0.0 with the token `change-me`, which the manager
+    accepted: anyone reaching port 7300 could steer the cluster. Now the token comes from a
+    Secret / environment variable the user must set, and a placeholder is refused."""
+    assert not any(doc.get("kind") == "Secret" for _, doc in k8s_documents())
+    for _, doc in k8s_documents():
+        if doc.get("kind") in ("Deployment", "DaemonSet"):
+            env = {e["name"]: e for e in doc["spec"]["template"]["spec"]["containers"][0]["env"]}
+            ref = env["QCLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == "qcluster-token" and not ref.get("optional")
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    token = compose["x-qcluster"]["environment"]["QCLUSTER_TOKEN"]
+    assert token.startswith("${QCLUSTER_TOKEN:?"), token  # compose stops when it is unset
+    env_example = (DEPLOY / "systemd" / "qcluster.env.example").read_text()
+    assert "QCLUSTER_TOKEN=\n" in env_example
+    for text in (env_example, (DEPLOY / "compose" / "compose.yaml").read_text(),
+                 *(path.read_text() for path in (DEPLOY / "k8s").rglob("*.yaml"))):
+        assert "token: change-me" not in text and "TOKEN: change-me" not in text
+
+
+@pytest.mark.parametrize("placeholder", ["change-me", "", None])
+def test_the_shipped_listen_addresses_refuse_a_placeholder_token(placeholder: str | None) -> None:
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    command = compose["services"]["manager"]["command"]
+    listen = parse_listen(command[command.index("--listen") + 1])
+    assert not listen.loopback
+    with pytest.raises(ConfigError):
+        check_server_security(listen, placeholder, role="manager")
 
 
 def test_kustomize_resources_exist() -> None:

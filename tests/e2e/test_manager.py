@@ -18,6 +18,8 @@ from tests.e2e.cluster import Procs, executed, get_json, try_json
 
 APP = "tests.apps.master_apps"
 INTERVAL = 0.5
+#: Manager and masters share it (QCLUSTER_TOKEN): reports need it, and so does control.
+TOKEN = "e2e-5b8f1c3d7a9e2f4b6c8d"
 
 
 class Cluster:
@@ -97,7 +99,7 @@ def cluster_factory(tmp_path: Path, redis_url: str) -> Iterator[Any]:
         logs = tmp_path / f"executed-{prefix}"
         logs.mkdir()
         procs = Procs(tmp_path, {"QC_TEST_PREFIX": prefix, "QC_TEST_LOG_DIR": str(logs),
-                                 "QCLUSTER_TOKEN": "t0ken",
+                                 "QCLUSTER_TOKEN": TOKEN,
                                  "QCLUSTER_METRICS_DIR": str(tmp_path / f"metrics-{prefix}")})
         made.append(procs)
         config = write_config(tmp_path / f"{prefix}.toml", prefix, master_max_slots)
@@ -155,7 +157,7 @@ def _check_api_shape(cluster: Cluster) -> None:
         assert httpx.post(base + path).status_code == 401
         assert httpx.post(base + path, headers={"Authorization": "Bearer nope"}).status_code == 401
     ok = httpx.post(base + f"/api/v1/queues/{work}/pause",
-                    headers={"Authorization": "Bearer t0ken"})
+                    headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200 and ok.json()["paused"] is True
     assert httpx.get(base + "/api/v1/cluster", headers={"Host": "evil.example"}).status_code == 400
     assert "qcluster_queue_backlog" in httpx.get(base + "/metrics").text

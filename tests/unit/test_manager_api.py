@@ -42,7 +42,7 @@ def test_report_round_trip_and_cluster_shape(client: TestClient, service: Manage
                                             queue_name: str) -> None:
     policies = {queue_name: report("x", {}).queues["mail"]}
     body = report("a", {queue_name: 1}, queues=policies).model_dump(mode="json")
-    reply = client.post("/api/v1/reports", json=body)
+    reply = client.post("/api/v1/reports", json=body, headers=AUTH)
     assert reply.status_code == 200 and reply.json()["row"] == {queue_name: 1}
     service.round()  # one planning round against the real broker (empty queue)
     view = client.get("/api/v1/cluster").json()
@@ -84,7 +84,8 @@ def test_loopback_manager_refuses_foreign_host_headers(client: TestClient) -> No
 
 
 def test_metrics_and_openapi(client: TestClient, service: ManagerService) -> None:
-    client.post("/api/v1/reports", json=report("a", {"mail": 1}).model_dump(mode="json"))
+    client.post("/api/v1/reports", json=report("a", {"mail": 1}).model_dump(mode="json"),
+                headers=AUTH)
     service.state.plan_round(service.clock())
     text = client.get("/metrics").text
     for name in MANAGER_METRICS:

@@ -1,0 +1,99 @@
+"""Issue 15, defect 1, on real ``qcluster manager`` / ``qcluster master`` processes: what
+is refused at start (one line, no traceback), the Host check whatever the loopback form of
+``--listen``, and reports that need the token."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import QCLUSTER, ROOT, free_port, qcluster_env, wait_until
+from tests.e2e.cluster import Procs, try_json
+
+TOKEN = "e2e-1d3f5b7a9c2e4f6a8b0c"
+APP = "tests.apps.master_apps"
+
+
+def refused(*args: str, **env: str) -> str:
+    """Run a role that must refuse to start; its stderr."""
+    environment = qcluster_env()
+    environment.pop("QCLUSTER_TOKEN", None)
+    environment.update(env)
+    done = subprocess.run([*QCLUSTER, *args], cwd=ROOT, env=environment, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    return " ".join(done.stderr.split())  # one line, however the terminal wraps it
+
+
+@pytest.mark.parametrize(("listen", "token", "says"), [
+    ("0.0.0.0:{port}", None, "without a token"),
+    ("[::]:{port}", None, "without a token"),
+    ("127.0.0.1:{port}", "change-me", "well-known"),
+    ("0.0.0.0:{port}", "change-me", "well-known"),
+    ("0.0.0.0:{port}", "secret", "well-known"),
+    ("0.0.0.0:{port}", "short-one", "shorter than 16"),
+    ("127.0.0.1", TOKEN, "--listen"),
+    ("host:port", TOKEN, "--listen"),
+    ("::1:{port}", TOKEN, "--listen"),
+])
+def test_manager_refuses_to_start(listen: str, token: str | None, says: str) -> None:
+    env = {"QCLUSTER_TOKEN": token} if token is not None else {}
+    stderr = refused("manager", "--listen", listen.format(port=free_port()), **env)
+    assert says in stderr
+
+
+def test_master_refuses_a_public_listen_without_a_token() -> None:
+    stderr = refused("master", "--app", APP, "--slots", "x-work=1",
+                     "--listen", f"0.0.0.0:{free_port()}")
+    assert "without a token" in stderr
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    running = Procs(tmp_path, {"QC_TEST_PREFIX": f"s{uuid.uuid4().hex[:8]}",
+                               "QC_TEST_LOG_DIR": str(tmp_path),
+                               "QCLUSTER_METRICS_DIR": str(tmp_path / "metrics")})
+    yield running
+    running.stop_all()
+
+
+def test_listen_port_alone_binds_loopback_with_the_host_check(
+    procs: Procs, redis_url: str
+) -> None:
+    port = free_port()
+    procs.env["QCLUSTER_TOKEN"] = TOKEN
+    procs.start("manager", "manager", "--broker", redis_url, "--listen", str(port))
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=20, message="manager up")
+    base = f"http://127.0.0.1:{port}"
+    assert httpx.get(base + "/api/v1/cluster", headers={"Host": "evil.example"}).status_code == 400
+    assert httpx.get(base + "/api/v1/cluster", headers={"Host": f"[::1]:{port}"}).status_code == 200
+
+
+def test_a_master_without_the_token_is_not_heard(procs: Procs, redis_url: str) -> None:
+    """The manager has a token: a report without it gets 401 and the master says why; the
+    same master with the token is alive at once."""
+    port = free_port()
+    procs.env["QCLUSTER_TOKEN"] = TOKEN
+    procs.start("manager", "manager", "--broker", redis_url, "--listen", f"127.0.0.1:{port}",
+                "--interval", "0.5")
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=20, message="manager up")
+    prefix = procs.env["QC_TEST_PREFIX"]
+    master_port = free_port()
+    procs.env.pop("QCLUSTER_TOKEN")
+    procs.start("master-anon", "master", "--app", APP, "--broker", redis_url,
+                "--manager", f"http://127.0.0.1:{port}", "--host-name", "anon",
+                "--listen", f"127.0.0.1:{master_port}")
+    wait_until(lambda: "token" in procs.log("master-anon"), timeout_s=30,
+               message="the master says the manager wants its token")
+    assert "anon" not in {h["name"] for h in try_json(port, "/api/v1/cluster")["hosts"]}
+    master = httpx.get(f"http://127.0.0.1:{master_port}/healthz")
+    assert master.status_code == 200 and prefix  # the master itself keeps running
+    assert httpx.post(f"http://127.0.0.1:{master_port}/api/v1/slots").status_code == 405
+    assert httpx.get(f"http://127.0.0.1:{master_port}/api/v1/slots",
+                     headers={"Host": "evil.example"}).status_code == 400
