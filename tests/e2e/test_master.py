@@ -81,7 +81,7 @@ def test_leaking_slot_recycles_and_metrics_files_stay_bounded(
     port = start_master(procs, redis_url, f"{prefix}-leak=6")
     with Client(redis_url) as client:
         client.enqueue_many(f"{prefix}-leak", [{"n": n} for n in range(3000)])
-        wait_until(lambda: restarts(port, "recycle") >= 100, timeout_s=120,
+        wait_until(lambda: restarts(port, "recycle") >= 100, timeout_s=240,
                    message="100 recycles")
         client.purge(f"{prefix}-leak")
     for slot in get_json(port, "/api/v1/slots"):
