@@ -239,6 +239,9 @@ def test_raw_bad_messages_are_dead_lettered_as_malformed_and_the_slot_lives(
         "header-not-utf8": message("header-not-utf8",
                                    application_headers={"x-qc-attempts": b"\xff\xfe"}),
         "body-not-utf8": message("body-not-utf8", b"\xff\xfe{}"),
+        "encoding-lies": message("encoding-lies", b"\xff\xfe{}", content_encoding="utf-8"),
+        "not-compressed": message("not-compressed", b"garbage",
+                                  application_headers={"compression": "application/x-gzip"}),
         "text-plain": message("text-plain", content_type="text/plain"),
     }
     publish_raw(rabbitmq_url, queue_name, [
