@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from qcluster.cli import (
     BrokerOpt,
@@ -17,8 +18,20 @@ from qcluster.cli import (
     setup_logging,
     user_errors,
 )
+from qcluster.config import ManagerSettings, Settings
+from qcluster.errors import ConfigError
 
 logger = logging.getLogger("qcluster.manager")
+
+
+def validated_manager_settings(settings: Settings, flags: dict[str, object]) -> ManagerSettings:
+    """``[manager]`` with the command-line flags applied, validated like the file (a NaN or
+    astronomic ``--interval`` is refused: it is the masters' report interval too)."""
+    try:
+        return ManagerSettings.model_validate({**settings.manager.model_dump(), **flags})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid manager option: {problems}") from None
 
 
 def manager(
@@ -52,12 +65,12 @@ def manager(
         overrides: dict[str, object] = {}
         if listen:
             overrides["listen"] = listen
-        if interval:
+        if interval is not None:
             overrides["interval_s"] = interval
         if record:
             overrides["record"] = record
         settings = settings.model_copy(
-            update={"manager": settings.manager.model_copy(update=overrides)})
+            update={"manager": validated_manager_settings(settings, overrides)})
         address = parse_listen(settings.manager.listen)
         check_server_security(address, settings.token, role="manager")
         broker_conn = open_configured_broker(settings)

@@ -48,6 +48,13 @@ def test_manager_refuses_to_start(listen: str, token: str | None, says: str) -> 
     assert says in stderr
 
 
+@pytest.mark.parametrize("interval", ["nan", "inf", "1e12", "0", "-1"])
+def test_manager_refuses_a_bad_interval(interval: str) -> None:
+    """``--interval`` is the masters' report interval too: a NaN made every reply a 500."""
+    stderr = refused("manager", "--listen", str(free_port()), "--interval", interval)
+    assert "interval_s" in stderr
+
+
 def test_master_refuses_a_public_listen_without_a_token() -> None:
     stderr = refused("master", "--app", APP, "--slots", "x-work=1",
                      "--listen", f"0.0.0.0:{free_port()}")
