@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import amqp
@@ -20,7 +22,7 @@ from qcluster.broker.kombu_broker import KombuBroker, dead_queue_name, queue_exc
 from qcluster.errors import BrokerError
 from qcluster.job import Delivery
 from slot.runtime import SlotRunner
-from tests.conftest import wait_until
+from tests.conftest import start_qcluster, wait_until
 from tests.tcp_proxy import TcpProxy
 
 
@@ -263,6 +265,49 @@ def test_raw_bad_messages_are_dead_lettered_as_malformed_and_the_slot_lives(
 
 
 # --- defect 9: a dead link --------------------------------------------------------
+
+
+def proxied_url(rabbitmq_url: str, proxy: TcpProxy, query: str) -> str:
+    parts = urlsplit(rabbitmq_url)
+    userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit(parts._replace(netloc=f"{userinfo}127.0.0.1:{proxy.port}", query=query))
+
+
+def executed(log_dir: Path) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for log in log_dir.glob("executed-*.log"):
+        counts.update(int(line) for line in log.read_text().split())
+    return counts
+
+
+def test_a_slot_process_behind_a_blackholed_link_recovers_and_loses_no_job(
+    rabbitmq_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    parts = urlsplit(rabbitmq_url)
+    client = Client(rabbitmq_url)
+    with TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5672)) as proxy:
+        url = proxied_url(rabbitmq_url, proxy, "heartbeat=2&connect_timeout=2")
+        slot = start_qcluster(
+            "slot", "--app", "tests.apps.slot_apps", "--queue", queue_name, "--broker", url,
+            "--log-level", "WARNING", QC_TEST_QUEUE=queue_name, QC_TEST_LOG_DIR=str(tmp_path),
+        )
+        try:
+            client.enqueue(queue_name, {"n": 0})
+            wait_until(lambda: executed(tmp_path)[0] == 1, timeout_s=30,
+                       message="the slot running a first job")
+            proxy.blackhole()
+            # RabbitMQ still sees the slot's consumer and sends it these, into the void.
+            client.enqueue_many(queue_name, [{"n": n} for n in range(1, 101)])
+            wait_until(lambda: client.stats(queue_name)["ready"] == 100, timeout_s=60,
+                       message="RabbitMQ taking the jobs back from the dead connection")
+            proxy.restore()
+            wait_until(lambda: set(executed(tmp_path)) == set(range(101)), timeout_s=90,
+                       message="the same slot process, reconnected, running every job")
+            assert slot.poll() is None, "the slot died instead of reconnecting"
+        finally:
+            slot.kill()
+            slot.wait()
+    client.close()
 
 
 def test_a_blackholed_link_is_noticed_and_the_jobs_it_held_come_back(
