@@ -22,13 +22,6 @@ from qcluster.job import Delivery, Envelope
 from slot.runtime import SlotRunner
 from tests.conftest import QCLUSTER, free_port, qcluster_env, start_qcluster, wait_until
 
-RABBITMQ_PENDING = "RabbitMQ side of issue 15 is another engineer's (kombu_broker.py)"
-
-
-def xfail_on_rabbitmq(request: pytest.FixtureRequest, broker_url: str) -> None:
-    if broker_url.startswith("amqp"):
-        request.applymarker(pytest.mark.xfail(strict=False, reason=RABBITMQ_PENDING))
-
 
 def body(job_id: str, queue: str, payload: object) -> bytes:
     return Envelope(id=job_id, queue=queue, payload=payload, enqueued_at=time.time()
@@ -66,9 +59,8 @@ def broker(broker_url: str) -> Iterator[Broker]:
 
 
 def test_released_jobs_are_ready_at_once_with_no_attempt_counted(
-    request: pytest.FixtureRequest, broker_url: str, broker: Broker, queue_name: str
+    broker_url: str, broker: Broker, queue_name: str
 ) -> None:
-    xfail_on_rabbitmq(request, broker_url)
     broker.publish_many(queue_name, [(f"r{i}", body(f"r{i}", queue_name, i)) for i in range(3)])
     taken = take_all(broker, queue_name, 3)
     broker.release(queue_name, taken)
@@ -79,11 +71,10 @@ def test_released_jobs_are_ready_at_once_with_no_attempt_counted(
 
 
 def test_one_slow_job_among_fast_ones_dead_letters_no_job_that_never_ran(
-    request: pytest.FixtureRequest, broker_url: str, broker: Broker, queue_name: str
+    broker_url: str, broker: Broker, queue_name: str
 ) -> None:
     # Given batch 1 (the slot reads ahead 32 jobs for a fast handler) and max_attempts 1,
     # and one slow job early in the queue: the jobs read ahead behind it are handed back.
-    xfail_on_rabbitmq(request, broker_url)
     app = App()
     ran: list[int] = []
 
@@ -106,10 +97,9 @@ def test_one_slow_job_among_fast_ones_dead_letters_no_job_that_never_ran(
 
 
 def test_jobs_read_ahead_when_sigterm_arrives_go_back_with_no_attempt_counted(
-    request: pytest.FixtureRequest, broker_url: str, broker: Broker, queue_name: str
+    broker_url: str, broker: Broker, queue_name: str
 ) -> None:
     # Given a slot reading ahead (batch 1, fast handler) that gets SIGTERM mid-take
-    xfail_on_rabbitmq(request, broker_url)
     app = App()
     ran: list[int] = []
     runner: SlotRunner
@@ -140,8 +130,6 @@ def test_a_poison_job_that_kills_its_slot_does_not_take_its_batch_mates_with_it(
     # Given a batch of 4 whose "poison" job calls os._exit in every slot that runs it
     # (max_attempts 3), run by real `qcluster slot` processes restarted after each crash
     url = str(request.getfixturevalue(backend))
-    if backend == "rabbitmq_url":
-        request.applymarker(pytest.mark.xfail(strict=False, reason=RABBITMQ_PENDING))
     client = Client(url)
     client.enqueue_many(queue_name, ["a", "poison", "b", "c"])
 
