@@ -315,10 +315,7 @@ def test_a_blackholed_link_is_noticed_and_the_jobs_it_held_come_back(
 ) -> None:
     parts = urlsplit(rabbitmq_url)
     with TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5672)) as proxy:
-        userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-        proxied = urlunsplit(parts._replace(
-            netloc=f"{userinfo}127.0.0.1:{proxy.port}", query="heartbeat=2&connect_timeout=2",
-        ))
+        proxied = proxied_url(rabbitmq_url, proxy, "heartbeat=2&connect_timeout=2")
         direct, slot = kombu_broker(rabbitmq_url), kombu_broker(proxied)
         brokers += [direct, slot]
         direct.publish_many(queue_name, [(f"j{i}", b"{}") for i in range(5)])
