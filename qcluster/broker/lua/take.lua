@@ -61,20 +61,27 @@ local before = {}
 if redis.call('EXISTS', KEYS[4]) == 1 then before = redis.call('HMGET', KEYS[4], unpack(ids)) end
 
 local out = {now, lock_until, 0}
+local k = 3
 local gone = {}
 local suspects = 0
+local has_before = #before > 0  -- false while no job failed: the common, fast case
 for i = 1, n do
   if bodies[i] then
-    local past = tonumber(before[i]) or 0
-    local attempts = math.abs(past) + 1
-    if past < 0 then
-      attempts = -attempts
-      suspects = suspects + 1
+    local attempts = 1
+    if has_before then
+      local past = tonumber(before[i]) or 0
+      if past < 0 then
+        attempts = past - 1  -- still negative: marks the job suspect for the caller
+        suspects = suspects + 1
+      else
+        attempts = past + 1
+      end
     end
-    out[#out + 1] = ids[i]
-    out[#out + 1] = bodies[i]
-    out[#out + 1] = attempts
-    out[#out + 1] = items[2 * i]
+    out[k + 1] = ids[i]
+    out[k + 2] = bodies[i]
+    out[k + 3] = attempts
+    out[k + 4] = items[2 * i]
+    k = k + 4
   else
     -- Acked meanwhile by a slot whose lock had expired: nothing left to do.
     gone[#gone + 1] = ids[i]
