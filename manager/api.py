@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
@@ -26,9 +26,12 @@ from manager.state import ClusterState
 from qcluster.broker.base import Broker, DeadJob
 from qcluster.errors import BrokerError
 from qcluster.messages import Assignment, ClusterView, HistoryPoint, HostReport
+from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import MAX_BODY_BYTES, GuardMiddleware, bearer_token
 
 logger = logging.getLogger(__name__)
+#: A queue or host in a path: the queue-name rule (422 otherwise, before any broker call).
+NamePath = Annotated[str, Path(pattern=QUEUE_NAME_PATTERN)]
 
 
 class ManagerService:
@@ -146,28 +149,28 @@ def create_app(service: ManagerService, *, loopback: bool = True,
         return JSONResponse(service.cluster_view().model_dump(by_alias=True, mode="json"))
 
     @app.get("/api/v1/queues/{queue}/history", tags=["cluster"])
-    def history(queue: str) -> list[HistoryPoint]:
+    def history(queue: NamePath) -> list[HistoryPoint]:
         return service.queue_history(queue)
 
     @app.post("/api/v1/queues/{queue}/pause", tags=["control"], dependencies=guarded)
-    def pause(queue: str) -> dict[str, Any]:
+    def pause(queue: NamePath) -> dict[str, Any]:
         """Plan no slot for the queue until it is resumed."""
         with service.state.lock:
             service.state.paused.add(queue)
         return {"queue": queue, "paused": True}
 
     @app.post("/api/v1/queues/{queue}/resume", tags=["control"], dependencies=guarded)
-    def resume(queue: str) -> dict[str, Any]:
+    def resume(queue: NamePath) -> dict[str, Any]:
         with service.state.lock:
             service.state.paused.discard(queue)
         return {"queue": queue, "paused": False}
 
     @app.post("/api/v1/queues/{queue}/requeue-dead", tags=["control"], dependencies=guarded)
-    def requeue_dead(queue: str) -> dict[str, Any]:
+    def requeue_dead(queue: NamePath) -> dict[str, Any]:
         return {"queue": queue, "requeued": service.requeue_dead(queue)}
 
     @app.post("/api/v1/hosts/{host}/drain", tags=["control"], dependencies=guarded)
-    def drain(host: str) -> dict[str, Any]:
+    def drain(host: NamePath) -> dict[str, Any]:
         """Plan no slot on the host (its slots move to the others) until the manager restarts."""
         with service.state.lock:
             service.state.drained.add(host)

@@ -144,10 +144,15 @@ def test_no_endpoint_answers_500_to_junk(redis_url: str, text: str) -> None:
                           raise_server_exceptions=False)
         for method, path in (("GET", f"/api/v1/queues/{junk}/history"),
                              ("POST", f"/api/v1/queues/{junk}/pause"),
+                             ("POST", f"/api/v1/queues/{junk}/resume"),
+                             ("POST", f"/api/v1/queues/{junk}/requeue-dead"),
                              ("POST", f"/api/v1/hosts/{junk}/drain"),
                              ("GET", f"/queues/{junk}"),
+                             ("GET", f"/?sort={junk}"),
                              ("POST", f"/queues/{junk}/requeue")):
-            assert http.request(method, path).status_code < 500, (method, path)
+            for headers in ({}, AUTH):  # refused without the token, handled with it
+                reply = http.request(method, path, headers=headers)
+                assert reply.status_code < 500, (method, path, headers, reply.text[:200])
     finally:
         broker.close()
 
@@ -171,3 +176,19 @@ def test_policies_come_only_from_live_hosts(service: ManagerService,
     assert service.state.policies(now[0])["mail"].max_slots == real["queues"]["mail"]["max_slots"]
     service.round()
     assert client.get("/api/v1/cluster").status_code == 200
+
+
+@pytest.mark.parametrize("name", ["a%20b", "x" * 200, "%5Bq%5D", "-lead", "q%0A"])
+@pytest.mark.parametrize("route", ["/api/v1/queues/{}/pause", "/api/v1/queues/{}/resume",
+                                   "/api/v1/queues/{}/requeue-dead", "/api/v1/hosts/{}/drain"])
+def test_control_endpoints_refuse_names_outside_the_rule(
+    client: TestClient, service: ManagerService, route: str, name: str
+) -> None:
+    """With the token, a name no queue or host can have is a 422, not a paused or drained
+    entry that lives until the manager restarts (nor a broker call)."""
+    assert client.post(route.format(name), headers=AUTH).status_code == 422
+    assert not service.state.paused and not service.state.drained
+
+
+def test_history_of_a_name_outside_the_rule_is_422(client: TestClient) -> None:
+    assert client.get("/api/v1/queues/a%20b/history").status_code == 422
