@@ -18,8 +18,9 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
   (running == planned), to the least those rounds wanted; at once to ``ceil(want)`` when
   ``want`` is beyond the band by far;
 * down: only after ``want`` stayed below the band for ``hold_rounds(priority)`` rounds in a
-  row (longer for higher priorities) over at least 200 jobs, then to the most those
-  rounds wanted, an earlier round's want fading by the band each round;
+  row (longer for higher priorities) over at least 200 jobs, then to the fewest slots
+  that keep the most those rounds wanted (but the first two, which still count part of
+  the old rate) within half the band's upper side;
 * a queue with backlog and no measurement yet starts with enough slots for its backlog
   in batches, capped by ``max_slots``;
 * when the cluster's capacity is short: minimums first in priority order, then the rest
@@ -54,12 +55,17 @@ UP_ROUNDS = 2
 BASE_HOLD_ROUNDS = 5
 MIN_HOLD_ROUNDS = 3
 MAX_HOLD_ROUNDS = 30
+#: The first rounds below the band still count part of the old rate (reports lag): their
+#: want does not set where a release lands.
+SETTLE_ROUNDS = 2
 #: A release needs this many jobs counted below the band (fewer: the count is noise).
 MIN_RELEASE_JOBS = 200
 #: The arrival estimate: a round's count moves the running estimate by this share, unless it
 #: is more than JUMP_SIGMAS Poisson deviations from it (the rate changed: take it at once).
 SMOOTHING = 0.25
 JUMP_SIGMAS = 4.0
+#: ... and more than this many jobs away (a small count's Poisson tail is longer).
+JUMP_MIN_JOBS = 5
 #: Without a target_wait the backlog drains over this many seconds (the seed's load drains
 #: it over the window, 60 s by default).
 DRAIN_S = 60.0
@@ -115,8 +121,8 @@ class QueuePlan:
     """Slot-seconds of work arriving per second, as this round estimated it."""
     low_rounds: int = 0
     """Rounds in a row the queue wanted fewer slots than planned (scale-down hold)."""
-    low_peak: int = 0
-    """The most slots wanted during those rounds: what a release goes down to."""
+    low_peak: float = 0.0
+    """The most slots wanted during those rounds (fading): where a release goes down to."""
     low_jobs: int = 0
     """Jobs counted during those rounds (a release needs enough of them to trust)."""
     high_rounds: int = 0
@@ -153,7 +159,7 @@ class Need:
     why: Why | str
     work: float = 0.0
     low_rounds: int = 0
-    low_peak: int = 0
+    low_peak: float = 0.0
     low_jobs: int = 0
     high_rounds: int = 0
     high_floor: int = 0
@@ -194,7 +200,7 @@ def work_rate(queue: QueueInput, job_s: float) -> tuple[float, int, Why]:
         seen = Why("{} arrived in {:g}s", arrived, window.recent_s)
         now = arrived * job_s / window.recent_s
         expected = previous.work * window.recent_s / job_s
-        if abs(arrived - expected) > JUMP_SIGMAS * math.sqrt(expected + 1):
+        if abs(arrived - expected) > JUMP_SIGMAS * math.sqrt(expected + 1) + JUMP_MIN_JOBS:
             # Beyond counting noise: the rate changed, take it at once.
             return now, arrived, Why("{}, a change", seen)
         smoothed = previous.work + SMOOTHING * (now - previous.work)
@@ -248,7 +254,7 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
         edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
-        return _down(queue, want, counted, edge_jobs, band, Need(
+        return _down(queue, want, counted, edge_jobs, upper, Need(
             anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work))
     return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, band, upper - 1),
                 work)
@@ -275,30 +281,36 @@ def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -
                    high_floor=floor)
 
 
-def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, band: float,
+def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, upper: float,
           keep: Need) -> Need:
     """Below the band: held for hold_rounds(priority) rounds in a row and until the streak
     is significant (it counted MIN_RELEASE_JOBS jobs, or the band's edge would have brought
-    that many, or MAX_HOLD_ROUNDS passed), then down to the most any round wanted, an
-    earlier round's want fading by the band each round."""
+    that many, or MAX_HOLD_ROUNDS passed), then down to the fewest slots that keep the
+    most any round wanted (after the first SETTLE_ROUNDS) within half the upper band, at
+    least one while any job came."""
     previous = queue.previous
     streak = previous is not None and previous.low_rounds > 0
     low_rounds = (previous.low_rounds if streak and previous else 0) + 1
     # A round in which no job arrived and none waits wants nothing (the smoothed estimate
-    # only decays towards 0); one with any job wants at least a slot.
-    wanted = math.ceil(want) if counted or queue.window.backlog else 0
-    # The most wanted, fading by the band each round: the first rounds after a drop still
-    # count part of the old rate (reports lag), and must not set where the release lands.
-    fading = math.floor(previous.low_peak * (1 - band)) if streak and previous else 0
-    low_peak = max(fading, wanted)
+    # only decays towards 0).
+    wanted = want if counted or queue.window.backlog else 0.0
+    # The first rounds after a drop still count part of the old rate (reports lag): they
+    # do not set where the release lands.
+    if low_rounds <= SETTLE_ROUNDS:
+        wanted = 0.0
+    low_peak = max(previous.low_peak if streak and previous else 0.0, wanted)
     low_jobs = (previous.low_jobs if streak and previous else 0) + counted
     hold = hold_rounds(queue.policy.priority)
     landed = previous is None or queue.current == previous.planned
     enough = (max(low_jobs, edge_jobs * low_rounds) >= MIN_RELEASE_JOBS
               or low_rounds >= MAX_HOLD_ROUNDS)
     if low_rounds >= hold and enough and landed:
-        return replace(keep, needed=_clamp(low_peak, queue.policy),
-                       why=Why("{} for {} rounds, most wanted {}", keep.why, low_rounds, low_peak))
+        # Not below what keeps the want within half the upper band: a release that the
+        # next rounds' noise would undo is a flap.
+        target = max(math.ceil(low_peak / (1 + (upper - 1) / 2) - 1e-9), 1 if low_jobs else 0)
+        return replace(keep, needed=_clamp(target, queue.policy),
+                       why=Why("{} for {} rounds, most wanted {:.2f}", keep.why, low_rounds,
+                               low_peak))
     return replace(keep, why=Why("{}, held {} of {} rounds", keep.why, low_rounds, hold),
                    low_rounds=low_rounds, low_peak=low_peak, low_jobs=low_jobs)
 

@@ -200,14 +200,22 @@ class Simulation:
             # host's are gone at once here; the manager would count them until expiry).
             current = q.active + q.starting
             span = min(len(q.window), self.window_rounds) * self.trace.interval_s
-            last = q.window[-1] if q.window else (0, 0.0, 0.0)
             window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
                                  span_s=span, recent_s=self.trace.interval_s if q.window else 0,
-                                 recent_processed=last[0])
+                                 recent_processed=self.reported_done(q))
             servable = everything or name in served
             out.append(QueueInput(name, q.policy, current, window, servable=servable,
                                   previous=previous.get(name)))
         return out
+
+    def reported_done(self, q: QueueSim) -> int:
+        """Jobs done per round as the manager knows them: from reports ``report_lag_s``
+        old, so partly the round before the last."""
+        if not q.window:
+            return 0
+        lag = min(self.trace.report_lag_s / self.trace.interval_s, 1.0)
+        before = q.window[-2][0] if len(q.window) > 1 else q.window[-1][0]
+        return round((1 - lag) * q.window[-1][0] + lag * before)
 
     def plan_round(self, index: int, now: float) -> None:
         seen = self.believed_alive(now)

@@ -95,6 +95,9 @@ class Trace(_Strict):
     """Seconds from a host learning of a new slot to the slot taking jobs (fork, import)."""
     slot_drain_s: float = Field(default=0.5, ge=0)
     """Seconds a stopped slot keeps its place while it finishes its batch."""
+    report_lag_s: float = Field(default=1.0, ge=0)
+    """How old the masters' counts are when a round reads them (they report every interval,
+    each on its own phase: half an interval on average)."""
     assign_delay_s: float = Field(default=1.0, ge=0)
     """Seconds from a plan to the hosts acting on it (their next report)."""
     hosts: dict[str, HostSpec] = Field(min_length=1)
