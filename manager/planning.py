@@ -122,7 +122,7 @@ class QueuePlan:
     low_rounds: int = 0
     """Rounds in a row the queue wanted fewer slots than planned (scale-down hold)."""
     low_peak: float = 0.0
-    """The most slots wanted during those rounds (fading): where a release goes down to."""
+    """The most slots wanted during those rounds (but the first ones): sets the release."""
     low_jobs: int = 0
     """Jobs counted during those rounds (a release needs enough of them to trust)."""
     high_rounds: int = 0
