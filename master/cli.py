@@ -15,6 +15,7 @@ import typer
 from qcluster import metrics
 from qcluster.cli import BrokerOpt, ConfigOpt, settings_for, setup_logging, user_errors
 from qcluster.errors import ConfigError
+from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import ListenAddress
 
 logger = logging.getLogger("qcluster.master")
@@ -98,6 +99,10 @@ def master(
         check_server_security(address, settings.token, role="master")
         row = parse_slots(slots) if slots else None
         name = host_name or socket.gethostname()
+        if not re.fullmatch(QUEUE_NAME_PATTERN, name):
+            raise ConfigError(f"--host-name: {name!r} is not a valid host name for the manager "
+                              "(1-128 letters, digits, '_', '.', ':' or '-', starting with a "
+                              "letter or digit)")
         if metrics_on:
             directory = settings.metrics_dir or metrics.default_metrics_dir(name)
             clear_metric_files(Path(directory))

@@ -55,6 +55,12 @@ def test_manager_refuses_a_bad_interval(interval: str) -> None:
     assert "interval_s" in stderr
 
 
+def test_master_refuses_a_host_name_the_manager_would_refuse() -> None:
+    stderr = refused("master", "--app", APP, "--host-name", "my host", "--manager",
+                     "http://127.0.0.1:9", "--listen", str(free_port()))
+    assert "--host-name" in stderr
+
+
 def test_master_refuses_a_public_listen_without_a_token() -> None:
     stderr = refused("master", "--app", APP, "--slots", "x-work=1",
                      "--listen", f"0.0.0.0:{free_port()}")
