@@ -70,6 +70,7 @@ def queue_figures(q: QueueSim, run: PolicyRun) -> dict[str, Any]:
         "bursts": len(q.bursts),
         "burst_drain_max_s": round(max(q.bursts, default=0.0), 3),
         "burst_drain_mean_s": round(sum(q.bursts) / len(q.bursts), 3) if q.bursts else 0.0,
+        "burst_drains_s": [round(b, 3) for b in q.bursts],
         "over_target_s": round(q.over_target_s, 3),
         "recovery": recovery(q, run),
     }
