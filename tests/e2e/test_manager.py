@@ -212,6 +212,6 @@ def test_dead_master_is_replanned_and_a_restarted_manager_rebuilds_the_map(
         assert rebuilt == {"a": running}, (before, rebuilt)
         assert cluster.view()["slot_map"]["a"].get(work) == before["a"].get(work)
         # Nothing lost: the jobs the killed master held come back after their lock timeout.
-        wait_until(lambda: set(executed(cluster.logs)) >= set(range(30_000)), timeout_s=90,
+        wait_until(lambda: set(executed(cluster.logs)) >= set(range(30_000)), timeout_s=240,
                    message="every job executed despite the killed master and manager")
 
