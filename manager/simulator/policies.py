@@ -95,11 +95,9 @@ class HpaPolicy:
     def _first_come(self, at: float, wanted: Mapping[str, int], capacity: int) -> dict[str, int]:
         kept = {q: min(n, self.granted.get(q, 0)) for q, n in wanted.items()}
         left = capacity - sum(kept.values())
-        if left < 0:  # capacity lost: the latest requests give back first
-            for q in sorted(kept, key=lambda q: -self.waiting_since.get(q, 0.0)):
-                give = min(kept[q], -left)
-                kept[q] -= give
-                left += give
+        if left < 0:  # capacity lost: every queue loses its share (as pods on a lost node)
+            kept = self._lose_share(kept, -left)
+            left = 0
         for q in wanted:
             if wanted[q] > kept[q]:
                 self.waiting_since.setdefault(q, at)
@@ -111,6 +109,18 @@ class HpaPolicy:
             left -= more
         self.granted = kept
         return dict(kept)
+
+    @staticmethod
+    def _lose_share(kept: Mapping[str, int], lost: int) -> dict[str, int]:
+        """Every queue gives back its share of ``lost`` slots: a dead host held about that
+        share of each queue (placement spreads each queue over the hosts), and a lost node
+        takes the pods of every deployment on it; the remainder, largest remainders first."""
+        held = sum(kept.values())
+        share = {q: n * lost // held for q, n in kept.items()}
+        rest = lost - sum(share.values())
+        for q in sorted(kept, key=lambda q: (-(kept[q] * lost % held), q))[:rest]:
+            share[q] += 1
+        return {q: n - share[q] for q, n in kept.items()}
 
 
 class StaticPolicy:
