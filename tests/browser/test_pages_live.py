@@ -131,8 +131,10 @@ def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
                message="dead count on the page after refresh")
 
     # Flood: the manager wants more slots than the two hosts can give -> red row, decision.
+    # 20,000 jobs (~100 s for 4 slots): the plan stays at 4 for long enough to see both hosts
+    # run 2 slots even when they start slowly (with 4,000 it went back to 2 within 5 s).
     with Client(cluster.broker_url) as producer:
-        producer.enqueue_many(queue, [{"n": n} for n in range(4000)])
+        producer.enqueue_many(queue, [{"n": n} for n in range(20_000)])
     wait_until(lambda: "resizing" in (row.get_attribute("class") or ""), timeout_s=30,
                message=f"red (resizing) row after the flood\n{cluster.logs()}")
     color = row.locator("td").first.evaluate("cell => getComputedStyle(cell).backgroundColor")
@@ -144,6 +146,7 @@ def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
                            for h in HOSTS),
                timeout_s=30, message="2 planned / 2 running on each host")
     screenshot(page, "live-overview-flooded")
+    cluster.broker.purge(queue)  # the flood's rest (dead jobs are kept): requeue comes next
 
     # Queue detail: real dead jobs; requeue refused without / with a wrong token.
     page.goto(f"{cluster.url}/queues/{queue}")
