@@ -9,14 +9,15 @@ document) or a recording written by ``qcluster manager --record`` (JSON Lines).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qcluster.policy import QueuePolicy
 
-M = TypeVar("M", bound=BaseModel)
+logger = logging.getLogger(__name__)
 
 
 class TraceError(ValueError):
@@ -171,7 +172,7 @@ class _RecQueue(BaseModel):
     arrived: int = Field(default=0, ge=0)
     done: int = Field(default=0, ge=0)
     backlog: int = Field(default=0, ge=0)
-    mean_job_s: float | None = Field(default=None, gt=0)
+    mean_job_s: float | None = Field(default=None, ge=0)
     slots: int = Field(default=0, ge=0)
 
 
@@ -180,6 +181,8 @@ class _RecRound(BaseModel):
     t_s: float = Field(ge=0)
     hosts: dict[str, _RecHost] = {}
     queues: dict[str, _RecQueue] = {}
+    policies: dict[str, dict[str, Any]] = {}
+    """Policies of queues first seen in this round, or changed (the recorder's rule)."""
 
 
 class _RecHeader(BaseModel):
@@ -191,64 +194,122 @@ class _RecHeader(BaseModel):
     hosts: dict[str, _RecHost] = {}
 
 
+TINY_JOB_S = 1e-4
+"""A measured mean of 0 (jobs faster than the clock tells): replayed as 0.1 ms per job."""
+
+
 def recording_to_trace(text: str, source: str = "recording") -> Trace:
     """A manager recording (JSON Lines) as a trace: each round's arrivals spread evenly
     over the round, job times exponential with the recorded mean (the policy's estimate
-    when none was measured), host capacity and life from each round."""
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    header = _rec_line(_RecHeader, lines[0], source)
-    rounds = [_rec_line(_RecRound, line, source) for line in lines[1:]]
-    interval = header.interval_s
-    policies = {name: dict(fields) for name, fields in header.queues.items()}
-    hosts = {name: HostSpec(slots=h.slots) for name, h in header.hosts.items()}
-    per_round: dict[str, list[int]] = {name: [] for name in policies}
-    means: dict[str, list[tuple[float, float]]] = {name: [] for name in policies}
+    when none was measured), host capacity and life from each round. A later header (a
+    restarted manager) continues the timeline at its ``started_at``."""
+    lines = _rec_lines(text, source)
+    first = lines[0]
+    if not isinstance(first, _RecHeader):
+        raise TraceError(f"{source}:1: a recording starts with a header")
+    interval = first.interval_s
+    policies: dict[str, dict[str, Any]] = {}
+    hosts: dict[str, HostSpec] = {}
+    per_round: dict[str, list[int]] = {}
+    means: dict[str, list[tuple[float, float]]] = {}
     events: list[Event] = []
-    alive = {name: h.alive for name, h in header.hosts.items()}
-    capacity = {name: h.slots for name, h in header.hosts.items()}
-    for index, rnd in enumerate(rounds):
+    alive: dict[str, bool] = {}
+    capacity: dict[str, int] = {}
+    index = 0
+    for line in lines:
+        if isinstance(line, _RecHeader):
+            # a restart: rounds go on from the new start; the gap between has no rounds
+            index = max(index, round((line.started_at - first.started_at) / interval))
+            _new_policies(line.queues, policies, per_round, means, index)
+            for name, host in line.hosts.items():
+                if name not in hosts:
+                    hosts[name] = HostSpec(slots=host.slots)
+                    capacity[name], alive[name] = host.slots, True
+                    if index:
+                        events.append(Event(at_s=0.0, host=name, event="die"))
+                        events.append(Event(at_s=index * interval, host=name, event="return"))
+            continue
         at = index * interval
-        for name, host in rnd.hosts.items():
-            if name not in hosts:
-                hosts[name] = HostSpec(slots=host.slots)
-                capacity[name], alive[name] = host.slots, True
-                if index:  # first seen later: absent until then
-                    events.append(Event(at_s=0.0, host=name, event="die"))
-                    events.append(Event(at_s=at, host=name, event="return"))
-            if host.alive != alive[name]:
-                events.append(Event(at_s=at, host=name, event="return" if host.alive else "die"))
-                alive[name] = host.alive
-            if host.slots != capacity[name]:
-                events.append(Event(at_s=at, host=name, event="capacity", slots=host.slots))
-                capacity[name] = host.slots
-        for name, queue in rnd.queues.items():
+        _new_policies(line.policies, policies, per_round, means, index)
+        _round_hosts(line, at, index, hosts, alive, capacity, events)
+        for name, queue in line.queues.items():
             if name not in per_round:
-                policies[name], per_round[name], means[name] = {}, [0] * index, []
+                _new_policies({name: {}}, policies, per_round, means, index)
+            _pad(per_round[name], index)
             per_round[name].append(queue.arrived)
             if queue.mean_job_s is not None:
-                means[name].append((at, queue.mean_job_s))
-        for counts in per_round.values():
-            if len(counts) < index + 1:
-                counts.append(0)
+                means[name].append((at, queue.mean_job_s or TINY_JOB_S))
+        index += 1
+    for counts in per_round.values():
+        _pad(counts, index)
     if not hosts:
         raise TraceError(f"{source}: the recording names no host")
     queues = {}
     for name, fields in policies.items():
         est = float(fields.get("est_job_seconds", 0.05))
-        first = means[name][0][1] if means[name] else est
+        mean = means[name][0][1] if means[name] else est
         queues[name] = QueueSpec(policy=fields, per_round=per_round[name], arrivals="even",
-                                 job_time=JobTime(mean_s=first, changes=means[name]))
+                                 job_time=JobTime(mean_s=mean, changes=means[name]))
     events.sort(key=lambda e: e.at_s)
-    data = {"duration_s": max(1, len(rounds)) * interval, "interval_s": interval,
+    data = {"duration_s": max(1, index) * interval, "interval_s": interval,
             "hosts": hosts, "queues": queues, "events": events}
     return parse_trace(data, source)
 
 
-def _rec_line(model: type[M], numbered: tuple[int, str], source: str) -> M:
-    number, line = numbered
-    try:
-        return model.model_validate(json.loads(line))
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"{source}:{number}: not JSON: {exc.msg}") from None
-    except ValidationError as exc:
-        raise TraceError(f"{source}:{number}: {_first_error(exc)}") from None
+def _pad(counts: list[int], length: int) -> None:
+    counts.extend([0] * (length - len(counts)))
+
+
+def _new_policies(carried: dict[str, dict[str, Any]], policies: dict[str, dict[str, Any]],
+                  per_round: dict[str, list[int]],
+                  means: dict[str, list[tuple[float, float]]], index: int) -> None:
+    """Policies a header or round carries: a new queue joins (no arrivals before), a
+    changed policy replaces the old one (a trace holds one policy per queue: the last)."""
+    for name, fields in carried.items():
+        if name not in per_round:
+            per_round[name], means[name] = [0] * index, []
+        if fields or name not in policies:
+            policies[name] = dict(fields)
+
+
+def _round_hosts(rnd: _RecRound, at: float, index: int, hosts: dict[str, HostSpec],
+                 alive: dict[str, bool], capacity: dict[str, int], events: list[Event]) -> None:
+    for name, host in rnd.hosts.items():
+        if name not in hosts:
+            hosts[name] = HostSpec(slots=host.slots)
+            capacity[name], alive[name] = host.slots, True
+            if index:  # first seen later: absent until then
+                events.append(Event(at_s=0.0, host=name, event="die"))
+                events.append(Event(at_s=at, host=name, event="return"))
+        if host.alive != alive[name]:
+            events.append(Event(at_s=at, host=name, event="return" if host.alive else "die"))
+            alive[name] = host.alive
+        if host.slots != capacity[name]:
+            events.append(Event(at_s=at, host=name, event="capacity", slots=host.slots))
+            capacity[name] = host.slots
+
+
+def _rec_lines(text: str, source: str) -> list[_RecHeader | _RecRound]:
+    """Every line validated; a last line without its newline that is not JSON is what a
+    crash mid-write leaves (the recorder flushes whole lines): skipped with a warning."""
+    raw = text.split("\n")  # not splitlines(): JSON may hold U+2028 unescaped
+    parsed = []
+    for number, line in enumerate(raw, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(raw):
+                logger.warning("%s:%d: torn last line skipped (a crash mid-write?)",
+                               source, number)
+                break
+            raise TraceError(f"{source}:{number}: not JSON: {exc.msg}") from None
+        try:
+            is_header = isinstance(data, dict) and data.get("type") == "header"
+            parsed.append((_RecHeader if is_header else _RecRound).model_validate(data))
+        except ValidationError as exc:
+            raise TraceError(f"{source}:{number}: {_first_error(exc)}") from None
+    if not parsed:
+        raise TraceError(f"{source}: empty recording")
+    return parsed

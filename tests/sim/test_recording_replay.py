@@ -1,0 +1,119 @@
+"""Replaying what ``qcluster manager --record`` writes: restarts (a second header), a torn
+last line, policies carried by a round, a measured mean of 0, and the command end to end."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from manager.recorder import Recorder
+from manager.simulator import TraceError, load_trace
+from qcluster.broker.base import QueueStats
+from qcluster.policy import QueuePolicy
+from tests.unit.test_manager_state import make_policy, report, state
+
+T0 = 1_700_000_000.0
+
+
+def policy(**fields: object) -> dict[str, object]:
+    return QueuePolicy.model_validate(fields).model_dump()
+
+
+def header(started_at: float = T0, **queues: dict[str, object]) -> str:
+    return json.dumps({"type": "header", "version": 1, "started_at": started_at,
+                       "interval_s": 2.0, "queues": queues, "hosts": {"a": {"slots": 8}}})
+
+
+def round_(t_s: float, arrived: dict[str, int], mean: float | None = 0.01,
+           **policies: dict[str, object]) -> str:
+    line: dict[str, object] = {
+        "type": "round", "t_s": t_s, "hosts": {"a": {"slots": 8, "alive": True}},
+        "queues": {name: {"arrived": n, "done": n, "backlog": 0, "mean_job_s": mean,
+                          "slots": 1} for name, n in arrived.items()}}
+    if policies:
+        line["policies"] = policies
+    return json.dumps(line)
+
+
+def write(tmp_path: Path, lines: list[str], tail: str = "\n") -> Path:
+    path = tmp_path / "rec.jsonl"
+    path.write_text("\n".join(lines) + tail)
+    return path
+
+
+def test_a_restarted_manager_continues_the_timeline(tmp_path: Path) -> None:
+    lines = [header(mail=policy()), round_(2.0, {"mail": 10}), round_(4.0, {"mail": 20}),
+             # the manager stopped at T0 + 4, started again at T0 + 10: no rounds between
+             header(T0 + 10.0, mail=policy(priority=3)), round_(2.0, {"mail": 30})]
+    trace = load_trace(write(tmp_path, lines))
+    assert trace.queues["mail"].per_round == [10, 20, 0, 0, 0, 30]
+    assert trace.duration_s == 12.0
+    assert trace.queues["mail"].queue_policy().priority == 3  # the latest policy
+
+
+def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    lines = [header(mail=policy()), round_(2.0, {"mail": 10}), round_(4.0, {"mail": 5})]
+    torn = "\n".join(lines[:2]) + "\n" + lines[2][:25]
+    path = tmp_path / "rec.jsonl"
+    path.write_text(torn)
+    with caplog.at_level(logging.WARNING):
+        trace = load_trace(path)
+    assert trace.queues["mail"].per_round == [10]
+    assert "rec.jsonl:3" in caplog.text and "torn" in caplog.text
+
+
+def test_garbage_in_the_middle_is_refused_in_one_line(tmp_path: Path) -> None:
+    lines = [header(mail=policy()), round_(2.0, {"mail": 10})[:25], round_(4.0, {"mail": 5})]
+    with pytest.raises(TraceError) as caught:
+        load_trace(write(tmp_path, lines))
+    text = str(caught.value)
+    assert "rec.jsonl:2: not JSON" in text and "\n" not in text
+
+
+def test_a_round_carries_the_policy_of_a_new_queue(tmp_path: Path) -> None:
+    lines = [header(mail=policy()), round_(2.0, {"mail": 10}),
+             round_(4.0, {"mail": 1, "thumbs": 4}, thumbs=policy(priority=7, max_slots=3))]
+    trace = load_trace(write(tmp_path, lines))
+    thumbs = trace.queues["thumbs"].queue_policy()
+    assert (thumbs.priority, thumbs.max_slots) == (7, 3)
+    assert trace.queues["thumbs"].per_round == [0, 4]
+
+
+def test_a_measured_mean_of_zero_is_accepted(tmp_path: Path) -> None:
+    lines = [header(mail=policy()), round_(2.0, {"mail": 10}, mean=0.0)]
+    trace = load_trace(write(tmp_path, lines))
+    job_time = trace.queues["mail"].job_time
+    assert 0 < job_time.mean_s <= 0.001 and job_time.changes[0][1] == job_time.mean_s
+
+
+def test_the_command_replays_a_real_recording(tmp_path: Path) -> None:
+    path = tmp_path / "day.jsonl"
+    for start in (T0, T0 + 60.0):  # a manager, then a restarted one appending to the file
+        s = state()
+        recorder = Recorder(path, interval_s=1.0, started_at=start)
+        late = {"thumbs": make_policy(priority=3)}
+        for n in range(1, 4):
+            now = start + n
+            s.receive(report("a", {"mail": 2}, processed=30, busy=1.5), now=now - 0.6)
+            if n == 2:
+                s.receive(report("b", {}, capacity=4, queues=late), now=now - 0.5)
+            s.set_stats({"mail": QueueStats(ready=100 - 10 * n), "thumbs": QueueStats(ready=n)})
+            s.plan_round(now)
+            recorder.record(s, now)
+        recorder.close()
+    with path.open("a") as file:
+        file.write('{"type": "round", "t_s": 4.0, "hosts": {"a"')  # a crash mid-write
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "qcluster"), "simulate", "--trace", str(path), "--json"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    for run in figures["policies"].values():
+        assert {"mail", "thumbs"} <= set(run["queues"])
+    assert "torn" in result.stderr
