@@ -24,14 +24,23 @@ from fastapi.responses import JSONResponse, Response
 from manager.recorder import Recorder
 from manager.state import ClusterState
 from qcluster.broker.base import Broker, DeadJob
-from qcluster.errors import BrokerError
-from qcluster.messages import Assignment, ClusterView, HistoryPoint, HostReport
+from qcluster.errors import BrokerError, ConfigError
+from qcluster.messages import (
+    Assignment,
+    ClusterView,
+    HistoryPoint,
+    HostReport,
+    UndeclaredQueueView,
+)
 from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import MAX_BODY_BYTES, GuardMiddleware, bearer_token
 
 logger = logging.getLogger(__name__)
 #: A queue or host in a path: the queue-name rule (422 otherwise, before any broker call).
 NamePath = Annotated[str, Path(pattern=QUEUE_NAME_PATTERN)]
+#: How often the planning loop re-reads the broker's durability and its undeclared queues:
+#: a round trip per broker queue, not worth paying every round or on every page load.
+BROKER_CHECK_INTERVAL_S = 60.0
 
 
 class ManagerService:
@@ -50,6 +59,8 @@ class ManagerService:
         self.stopped = threading.Event()
         self.recorder: Recorder | None = None
         """Set by ``--record``: writes what each round observed."""
+        self.next_broker_check = 0.0
+        self.warned_undeclared: set[str] = set()
 
     # ClusterSource
     def cluster_view(self) -> ClusterView:
@@ -82,9 +93,47 @@ class ManagerService:
                     logger.warning("broker stats for %s failed: %s", queue, exc)
         self.state.set_stats(stats)
 
+    def check_broker(self) -> None:
+        """Store the broker's durability notes and the queues holding jobs that no live
+        host's app declares (warned once each in the log) for the overview page."""
+        self.next_broker_check = time.monotonic() + BROKER_CHECK_INTERVAL_S
+        declared = set(self.state.policies(self.clock()))
+        undeclared: list[UndeclaredQueueView] | None = None  # None: keep the last known
+        with self.broker_lock:
+            try:
+                durability = self.broker.durability()
+            except (BrokerError, ConfigError) as exc:
+                durability = [str(exc)]
+            try:
+                undeclared = self._undeclared(declared)
+            except BrokerError as exc:
+                logger.warning("broker queue listing failed: %s", exc)
+        self._warn_undeclared(undeclared)
+        self.state.set_broker_warnings(undeclared=undeclared, durability=durability)
+
+    def _undeclared(self, declared: set[str]) -> list[UndeclaredQueueView]:
+        """Broker queues outside ``declared`` with ready or delayed jobs (caller holds the lock)."""
+        found = []
+        for queue in sorted(set(self.broker.queues()) - declared):
+            stats = self.broker.stats(queue)
+            if stats.ready or stats.delayed:
+                found.append(UndeclaredQueueView(name=queue, ready=stats.ready,
+                                                 delayed=stats.delayed))
+        return found
+
+    def _warn_undeclared(self, undeclared: list[UndeclaredQueueView] | None) -> None:
+        for queue in undeclared or []:
+            if queue.name not in self.warned_undeclared:
+                logger.warning("queue %s holds %d jobs but no app declares it: they wait "
+                               "until one does", queue.name, queue.ready + queue.delayed)
+        if undeclared is not None:
+            self.warned_undeclared = {q.name for q in undeclared}
+
     def round(self) -> None:
         started = time.perf_counter()
         self.refresh_stats()
+        if time.monotonic() >= self.next_broker_check:
+            self.check_broker()
         now = self.clock()
         for decision in self.state.plan_round(now):
             logger.info("decision: %s", decision.reason)
@@ -101,6 +150,10 @@ class ManagerService:
                 logger.exception("planning round failed")
 
     def start(self) -> None:
+        try:
+            self.check_broker()
+        except Exception:  # a warning for the page must not stop the manager
+            logger.exception("broker check failed")
         threading.Thread(target=self.loop, name="manager-planner", daemon=True).start()
 
 

@@ -26,6 +26,7 @@ from qcluster.messages import (
     HostReport,
     HostView,
     QueueView,
+    UndeclaredQueueView,
 )
 from qcluster.policy import QueuePolicy
 
@@ -102,6 +103,8 @@ class ClusterState:
         self.paused: set[str] = set()
         self.drained: set[str] = set()
         self.planned_once = False
+        self.undeclared: list[UndeclaredQueueView] = []
+        self.durability: list[str] = []
 
     # --- input -----------------------------------------------------------------
 
@@ -128,6 +131,15 @@ class ClusterState:
     def set_stats(self, stats: dict[str, QueueStats]) -> None:
         with self.lock:
             self.stats.update(stats)
+
+    def set_broker_warnings(self, *, undeclared: list[UndeclaredQueueView] | None = None,
+                            durability: list[str] | None = None) -> None:
+        """What the broker says that no policy covers (None: leave as it is)."""
+        with self.lock:
+            if undeclared is not None:
+                self.undeclared = list(undeclared)
+            if durability is not None:
+                self.durability = list(durability)
 
     # --- derived -----------------------------------------------------------------
 
@@ -283,7 +295,9 @@ class ClusterState:
                      for name, entry in sorted(self.hosts.items())]
             return ClusterView(generated_at=now, queues=queues, hosts=hosts,
                                slot_map={h: dict(r) for h, r in self.slot_map.items()},
-                               decisions=list(self.decisions))
+                               decisions=list(self.decisions),
+                               undeclared_queues=list(self.undeclared),
+                               broker_durability=list(self.durability))
 
     def _queue_view(self, name: str, policy: QueuePolicy,
                     running: dict[str, dict[str, int]], now: float) -> QueueView:

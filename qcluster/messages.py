@@ -248,6 +248,14 @@ class DecisionView(_Msg):
     reason: str
 
 
+class UndeclaredQueueView(_Msg):
+    """A queue holding jobs that no live host's app declares: they wait until one does."""
+
+    name: str
+    ready: int
+    delayed: int
+
+
 class ClusterView(_Msg):
     generated_at: float
     queues: list[QueueView]
@@ -256,6 +264,10 @@ class ClusterView(_Msg):
     """host -> queue -> planned slots."""
     decisions: list[DecisionView]
     """Newest first."""
+    undeclared_queues: list[UndeclaredQueueView] = Field(default_factory=list)
+    """Queues with ready or delayed jobs that no live host's app declares (by name)."""
+    broker_durability: list[str] = Field(default_factory=list)
+    """The broker's durability notes (``Broker.durability()``); empty: nothing to say."""
 
 
 class HistoryPoint(_Msg):

@@ -5,7 +5,14 @@ from __future__ import annotations
 import time
 
 from qcluster.broker.base import Broker, DeadJob
-from qcluster.messages import ClusterView, DecisionView, HistoryPoint, HostView, QueueView
+from qcluster.messages import (
+    ClusterView,
+    DecisionView,
+    HistoryPoint,
+    HostView,
+    QueueView,
+    UndeclaredQueueView,
+)
 
 
 def queue_view(name: str, **values: object) -> QueueView:
@@ -44,6 +51,8 @@ class FakeSource:
         self.decisions = [DecisionView.model_validate(dict(
             at=now - 5, queue="mail", reason="mail: load 240% > 130% -> 4 -> 9 slots",
             **{"from": 4, "to": 9}))]
+        self.undeclared: list[UndeclaredQueueView] = []
+        self.durability: list[str] = []
 
     def cluster_view(self) -> ClusterView:
         dead = self.broker.stats(self.dead_queue).dead
@@ -51,7 +60,8 @@ class FakeSource:
                   for q in self.queues]
         slot_map = {h.name: dict(h.planned) for h in self.hosts}
         return ClusterView(generated_at=time.time(), queues=queues, hosts=self.hosts,
-                           slot_map=slot_map, decisions=self.decisions)
+                           slot_map=slot_map, decisions=self.decisions,
+                           undeclared_queues=self.undeclared, broker_durability=self.durability)
 
     def queue_history(self, queue: str) -> list[HistoryPoint]:
         now = time.time()

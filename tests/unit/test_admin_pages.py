@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
@@ -14,9 +15,14 @@ from hypothesis import strategies as st
 from admin_ui.charts import Series, line_chart
 from admin_ui.display import load_bar_percent, load_text
 from admin_ui.router import install, sort_queues
+from manager.api import ManagerService, create_app
+from manager.state import ClusterState
 from qcluster.broker import open_broker
 from qcluster.client import Client
+from qcluster.config import load_settings
+from tests.brokers import PrivateRedis
 from tests.browser.fake_source import FakeSource, queue_view
+from tests.unit.test_manager_state import make_policy, report
 
 
 @pytest.fixture
@@ -109,3 +115,70 @@ def test_undefined_load_is_a_dash_and_a_full_bar() -> None:
     assert load_text(None) == load_text(math.inf) == "—"
     assert load_bar_percent(None) == 100.0 and load_bar_percent(0.42) == 42.0
     assert load_bar_percent(3.2) == 100.0 and load_text(3.2) == "320%"
+
+
+# --- broker warnings on the overview: undeclared queues, durability (issue 15) -----------
+
+def _manager(url: str) -> tuple[ManagerService, TestClient]:
+    service = ManagerService(ClusterState(load_settings(None)), open_broker(url), "s3cret")
+    return service, TestClient(create_app(service), base_url="http://127.0.0.1")
+
+
+def test_queue_with_jobs_that_no_app_declares_is_a_warning(
+    redis_url: str, queue_name: str
+) -> None:
+    service, http = _manager(redis_url)
+    declared = f"{queue_name}-declared"
+    try:
+        service.state.receive(report("host-a", {}, queues={declared: make_policy()}),
+                              service.clock())
+        with Client(redis_url) as producer:
+            producer.enqueue(queue_name, {"n": 1})
+            producer.enqueue(queue_name, {"n": 2})
+            producer.enqueue(queue_name, {"n": 3}, delay=600)
+            producer.enqueue(declared, {"n": 1})
+        service.round()
+        undeclared = {q.name: q for q in service.cluster_view().undeclared_queues}
+        assert queue_name in undeclared and declared not in undeclared
+        assert (undeclared[queue_name].ready, undeclared[queue_name].delayed) == (2, 1)
+        page = http.get("/").text
+        assert f'data-undeclared="{queue_name}"' in page
+        assert "no app declares this queue: its jobs wait until one does" in page
+        assert f'data-undeclared="{declared}"' not in page
+        api = http.get("/api/v1/cluster").json()
+        assert {"name": queue_name, "ready": 2, "delayed": 1} in api["undeclared_queues"]
+    finally:
+        service.broker.purge(queue_name)
+        service.broker.purge(declared)
+        service.broker.close()
+
+
+def test_redis_with_aof_has_no_durability_note(redis_url: str) -> None:
+    service, http = _manager(redis_url)
+    try:
+        service.check_broker()
+        assert service.cluster_view().broker_durability == []
+        assert 'id="durability"' not in http.get("/").text
+    finally:
+        service.broker.close()
+
+
+def test_redis_without_aof_is_named_on_the_overview(tmp_path: Path) -> None:
+    redis = PrivateRedis(tmp_path / "redis-no-aof", aof=False)
+    service, http = _manager(redis.start())
+    try:
+        service.check_broker()
+        notes = service.cluster_view().broker_durability
+        assert notes and "appendonly" in notes[0]
+        page = http.get("/").text
+        assert 'id="durability"' in page and "appendonly" in page
+    finally:
+        service.broker.close()
+        redis.stop()
+
+
+def test_durability_notes_are_escaped(client: tuple[TestClient, FakeSource]) -> None:
+    http, source = client
+    source.durability = ["<b>snapshots</b> only"]
+    page = http.get("/").text
+    assert "&lt;b&gt;snapshots&lt;/b&gt; only" in page and "<b>snapshots</b>" not in page
