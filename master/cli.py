@@ -16,7 +16,7 @@ from qcluster import metrics
 from qcluster.cli import BrokerOpt, ConfigOpt, settings_for, setup_logging, user_errors
 from qcluster.errors import ConfigError
 from qcluster.policy import QUEUE_NAME_PATTERN
-from qcluster.security import ListenAddress
+from qcluster.security import ListenAddress, is_decimal
 
 logger = logging.getLogger("qcluster.master")
 #: The files prometheus_client's multiprocess mode writes (``TYPE_IDENTITY.db``): a slot's
@@ -43,7 +43,7 @@ def parse_slots(text: str) -> dict[str, int]:
     row: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         queue, sep, count = part.partition("=")
-        if not sep or not queue or not count.strip().isdigit():
+        if not sep or not queue or not is_decimal(count.strip()):
             raise ConfigError(f"--slots: expected QUEUE=N[,QUEUE=N...], got {part!r}")
         row[queue.strip()] = int(count)
     return row

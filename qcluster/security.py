@@ -42,10 +42,15 @@ class ListenAddress(NamedTuple):
         return is_loopback(self.host)
 
 
+def is_decimal(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also accepts '¹' or '٣', which ``int`` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_listen(text: str, option: str = "--listen") -> ListenAddress:
     """``HOST:PORT``, ``[IPV6]:PORT``, ``:PORT`` or ``PORT`` (loopback); ConfigError else."""
     value = text.strip()
-    if value.isdigit():
+    if is_decimal(value):
         host, port = DEFAULT_HOST, value
     elif value.startswith("["):
         inside, closed, rest = value[1:].partition("]")
@@ -57,7 +62,7 @@ def parse_listen(text: str, option: str = "--listen") -> ListenAddress:
         if not sep or ":" in host:  # no port, or a bare IPv6 address
             raise _bad_listen(option, text)
         host = host or DEFAULT_HOST
-    if not port.isdigit() or not 0 < int(port) < 65536 or not host:
+    if not is_decimal(port) or not 0 < int(port) < 65536 or not host:
         raise _bad_listen(option, text)
     return ListenAddress(host, int(port))
 
@@ -88,11 +93,11 @@ def host_header_is_loopback(value: str | None) -> bool:
     text = value.strip()
     if text.startswith("["):
         host, closed, rest = text[1:].partition("]")
-        if not closed or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+        if not closed or (rest and not (rest.startswith(":") and is_decimal(rest[1:]))):
             return False
     else:
         host, sep, port = text.partition(":")
-        if sep and not port.isdigit():
+        if sep and not is_decimal(port):
             return False
     return is_loopback(host)
 
@@ -154,7 +159,7 @@ class GuardMiddleware:
             await _plain(send, 400, "Invalid host header: this server answers loopback names only")
             return
         declared = headers.get("content-length")
-        if declared is not None and (not declared.strip().isdigit()
+        if declared is not None and (not is_decimal(declared.strip())
                                      or int(declared) > self.max_body_bytes):
             await _plain(send, 413, f"Request body above {self.max_body_bytes} bytes")
             return

@@ -103,3 +103,46 @@ def test_well_known_or_short_tokens_are_refused(token: str) -> None:
         with pytest.raises(ConfigError) as refused:
             check_server_security(parse_listen(listen), token, role="manager")
         assert "\n" not in str(refused.value)
+
+
+# --- digits that str.isdigit accepts and int refuses (found by hypothesis under load) --
+
+
+@pytest.mark.parametrize("text", ["¹", "7300¹", "127.0.0.1:¹", "[::1]:٣٠٠", "٣٠٠"])
+def test_unicode_digits_are_a_bad_listen_not_a_traceback(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_listen(text)
+
+
+def test_unicode_digits_in_a_host_port_are_not_loopback() -> None:
+    assert not host_header_is_loopback("127.0.0.1:¹")
+    assert not host_header_is_loopback("[::1]:¹")
+
+
+def test_unicode_digits_in_master_slots_are_one_clear_line() -> None:
+    from master.cli import parse_slots
+
+    with pytest.raises(ConfigError):
+        parse_slots("resize=¹")
+
+
+def test_a_content_length_of_unicode_digits_is_refused_not_a_500() -> None:
+    import asyncio
+
+    from qcluster.security import GuardMiddleware
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("the app must not see this request")
+
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/api/v1/reports",
+             "headers": [(b"host", b"127.0.0.1"), (b"content-length", "¹".encode("latin-1"))]}
+    asyncio.run(GuardMiddleware(app, loopback=True)(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
