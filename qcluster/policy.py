@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+from qcluster.names import QUEUE_NAME_PATTERN as QUEUE_NAME_PATTERN  # the one rule: names.py
 
 #: Bounds that keep every figure the planner and the brokers compute with sane.
 MAX_SLOTS = 100_000
