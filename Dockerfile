@@ -9,6 +9,7 @@ COPY slot ./slot
 COPY master ./master
 COPY manager ./manager
 COPY admin_ui ./admin_ui
+COPY demo ./demo
 RUN python -m venv /opt/qcluster \
  && /opt/qcluster/bin/pip install --no-cache-dir .
 

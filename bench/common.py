@@ -6,6 +6,7 @@ import atexit
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -71,7 +72,19 @@ def spawn(args: list[str], **extra: str) -> subprocess.Popen[bytes]:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def free_listen() -> str:
+    """A free loopback address for a measured master's HTTP server (port 0 is refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a measured process; one that had already exited with an error makes the figure a
+    lie (a master refused at start measured 0 jobs/s), so it fails the suite instead."""
+    if proc.poll() not in (None, 0):
+        raise RuntimeError(f"{proc.args!r} exited with code {proc.returncode}"
+                           " before its measurement ended")
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

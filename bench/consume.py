@@ -98,5 +98,5 @@ def commands() -> dict[str, str]:
                                         "--queue QUEUE --broker URL --burst --log-level WARNING",
         "kombu consumer ...": "python -m bench.kombu_consumer URL QUEUE 100 ACK_EVERY",
         "qcluster master (host, memory)": "python -m qcluster master --app bench.apps --broker URL"
-                                          " --slots QUEUE=N --listen 127.0.0.1:0 [--no-metrics]",
+                                          " --slots QUEUE=N --listen 127.0.0.1:PORT [--no-metrics]",
     }

@@ -18,7 +18,17 @@ from typing import Any
 
 import psutil
 
-from bench.common import BROKERS, ROOT, enqueue_noops, env, python, spawn, stop, unique
+from bench.common import (
+    BROKERS,
+    ROOT,
+    enqueue_noops,
+    env,
+    free_listen,
+    python,
+    spawn,
+    stop,
+    unique,
+)
 from qcluster.client import Client
 from qcluster.procfs import read_memory
 
@@ -49,7 +59,7 @@ def sustained(backend: str, metrics_on: bool, seconds: float) -> dict[str, Any]:
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         proc = spawn([python(), "-m", "qcluster", "master", "--app", "bench.apps",
-                      "--broker", url, "--slots", f"{queue}=2", "--listen", "127.0.0.1:0",
+                      "--broker", url, "--slots", f"{queue}=2", "--listen", free_listen(),
                       flag, "--log-level", "WARNING"],
                      QB_QUEUE=queue, QB_BATCH="100",
                      QCLUSTER_METRICS_DIR=f"/dev/shm/qcluster-bench-{os.getpid()}")

@@ -17,7 +17,7 @@ def main() -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = d
         from qcluster.job import Delivery, Job
         from qcluster.messages import BatchCounters
-        from slot.runtime import _SlotMetrics
+        from qcluster.slot.runtime import _SlotMetrics
 
         recorder = _SlotMetrics("slot1")
         jobs = []

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from manager.simulator import load_trace, simulate
-from manager.simulator.figures import figures
+from qcluster.manager.simulator import load_trace, simulate
+from qcluster.manager.simulator.figures import figures
 
 #: Not bench.common's: importing it starts the suites' brokers, which this one needs not.
 ROOT = Path(__file__).resolve().parents[1]

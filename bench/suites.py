@@ -10,7 +10,7 @@ from typing import Any
 
 from kombu import Connection, Exchange, Producer, Queue
 
-from bench.common import BROKERS, REDIS, python, spawn, stop, unique
+from bench.common import BROKERS, REDIS, free_listen, python, spawn, stop, unique
 from qcluster.client import Client
 from qcluster.procfs import read_memory
 
@@ -68,7 +68,7 @@ def memory_of_slots(slots: int = 8, ballast_mb: int = 100) -> dict[str, Any]:
     """PSS and USS of a master with ``slots`` slots of an app allocating ``ballast_mb``."""
     queue = unique("mem")
     proc = spawn([python(), "-m", "qcluster", "master", "--app", "bench.apps", "--broker", REDIS,
-                  "--slots", f"{queue}={slots}", "--listen", "127.0.0.1:0", "--no-metrics",
+                  "--slots", f"{queue}={slots}", "--listen", free_listen(), "--no-metrics",
                   "--log-level", "WARNING"], QB_QUEUE=queue, QB_BALLAST_MB=str(ballast_mb))
     try:
         tree = process_tree_memory(proc.pid, slots)
@@ -130,7 +130,7 @@ def latency(rate: float = 500.0, seconds: float = 10.0) -> dict[str, Any]:
     queue = unique("lat")
     log = f"/tmp/qcluster-bench-latency-{os.getpid()}.jsonl"
     proc = spawn([python(), "-m", "qcluster", "master", "--app", "bench.latency_app",
-                  "--broker", REDIS, "--slots", f"{queue}=2", "--listen", "127.0.0.1:0",
+                  "--broker", REDIS, "--slots", f"{queue}=2", "--listen", free_listen(),
                   "--log-level", "WARNING"], QB_QUEUE=queue, QB_LATENCY_LOG=log)
     try:
         time.sleep(4)

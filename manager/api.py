@@ -1,4 +1,5 @@
-"""The manager's HTTP API (FastAPI) and its planning loop.
+"""The manager's HTTP API (FastAPI): routes that call the service (``manager/service.py``),
+whose planning loop the app's lifespan starts and stops.
 
 Read-only by default; every mutating endpoint needs the token (``Authorization: Bearer``),
 and so do masters' reports once a token is set (without one, the manager only listens on
@@ -10,156 +11,35 @@ with a NaN, a negative or an out-of-range figure gets 422.
 from __future__ import annotations
 
 import importlib.util
-import logging
-import secrets
-import threading
-import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from manager.recorder import Recorder
-from manager.state import ClusterState
-from qcluster.broker.base import Broker, DeadJob
-from qcluster.errors import BrokerError, ConfigError
-from qcluster.messages import (
-    Assignment,
-    ClusterView,
-    HistoryPoint,
-    HostReport,
-    UndeclaredQueueView,
-)
+from qcluster.manager.service import ManagerService
+from qcluster.messages import Assignment, HistoryPoint, HostReport
 from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import MAX_BODY_BYTES, GuardMiddleware, bearer_token
 
-logger = logging.getLogger(__name__)
 #: A queue or host in a path: the queue-name rule (422 otherwise, before any broker call).
 NamePath = Annotated[str, Path(pattern=QUEUE_NAME_PATTERN)]
-#: How often the planning loop re-reads the broker's durability and its undeclared queues:
-#: a round trip per broker queue, not worth paying every round or on every page load.
-BROKER_CHECK_INTERVAL_S = 60.0
-
-
-class ManagerService:
-    """The state plus the broker: what the API, the admin UI and the loop work on.
-
-    Implements admin_ui.source.ClusterSource.
-    """
-
-    def __init__(self, state: ClusterState, broker: Broker, token: str | None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.state = state
-        self.broker = broker
-        self.token = token
-        self.clock = clock
-        self.broker_lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.recorder: Recorder | None = None
-        """Set by ``--record``: writes what each round observed."""
-        self.next_broker_check = 0.0
-        self.warned_undeclared: set[str] = set()
-
-    # ClusterSource
-    def cluster_view(self) -> ClusterView:
-        return self.state.view(self.clock())
-
-    def queue_history(self, queue: str) -> list[HistoryPoint]:
-        return self.state.history(queue)
-
-    def dead_jobs(self, queue: str, limit: int = 50) -> list[DeadJob]:
-        with self.broker_lock:
-            return self.broker.dead_jobs(queue, limit=limit)
-
-    def requeue_dead(self, queue: str) -> int:
-        with self.broker_lock:
-            return self.broker.requeue_dead(queue)
-
-    def check_token(self, token: str | None) -> bool:
-        return bool(self.token) and token is not None and secrets.compare_digest(
-            token.encode(), (self.token or "").encode())
-
-    # the planning loop
-    def refresh_stats(self) -> None:
-        queues = list(self.state.policies(self.clock()))
-        stats = {}
-        with self.broker_lock:
-            for queue in queues:
-                try:
-                    stats[queue] = self.broker.stats(queue)
-                except BrokerError as exc:
-                    logger.warning("broker stats for %s failed: %s", queue, exc)
-        self.state.set_stats(stats)
-
-    def check_broker(self) -> None:
-        """Store the broker's durability notes and the queues holding jobs that no live
-        host's app declares (warned once each in the log) for the overview page."""
-        self.next_broker_check = time.monotonic() + BROKER_CHECK_INTERVAL_S
-        declared = set(self.state.policies(self.clock()))
-        undeclared: list[UndeclaredQueueView] | None = None  # None: keep the last known
-        with self.broker_lock:
-            try:
-                durability = self.broker.durability()
-            except (BrokerError, ConfigError) as exc:
-                durability = [str(exc)]
-            try:
-                undeclared = self._undeclared(declared)
-            except BrokerError as exc:
-                logger.warning("broker queue listing failed: %s", exc)
-        self._warn_undeclared(undeclared)
-        self.state.set_broker_warnings(undeclared=undeclared, durability=durability)
-
-    def _undeclared(self, declared: set[str]) -> list[UndeclaredQueueView]:
-        """Broker queues outside ``declared`` with ready or delayed jobs (caller holds the lock)."""
-        found = []
-        for queue in sorted(set(self.broker.queues()) - declared):
-            stats = self.broker.stats(queue)
-            if stats.ready or stats.delayed:
-                found.append(UndeclaredQueueView(name=queue, ready=stats.ready,
-                                                 delayed=stats.delayed))
-        return found
-
-    def _warn_undeclared(self, undeclared: list[UndeclaredQueueView] | None) -> None:
-        for queue in undeclared or []:
-            if queue.name not in self.warned_undeclared:
-                logger.warning("queue %s holds %d jobs but no app declares it: they wait "
-                               "until one does", queue.name, queue.ready + queue.delayed)
-        if undeclared is not None:
-            self.warned_undeclared = {q.name for q in undeclared}
-
-    def round(self) -> None:
-        started = time.perf_counter()
-        self.refresh_stats()
-        if time.monotonic() >= self.next_broker_check:
-            self.check_broker()
-        now = self.clock()
-        for decision in self.state.plan_round(now):
-            logger.info("decision: %s", decision.reason)
-        if self.recorder is not None:
-            self.recorder.record(self.state, now)
-        self.last_round_s = time.perf_counter() - started
-
-    def loop(self) -> None:
-        interval = self.state.cfg.interval_s
-        while not self.stopped.wait(interval):
-            try:
-                self.round()
-            except Exception:  # the loop must outlive one bad round
-                logger.exception("planning round failed")
-
-    def start(self) -> None:
-        try:
-            self.check_broker()
-        except Exception:  # a warning for the page must not stop the manager
-            logger.exception("broker check failed")
-        threading.Thread(target=self.loop, name="manager-planner", daemon=True).start()
 
 
 def create_app(service: ManagerService, *, loopback: bool = True,
                max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()  # the planning loop runs while the server serves
+        try:
+            yield
+        finally:
+            service.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="qcluster manager",
         description="Plans slots per queue from backlog and throughput, places them on hosts "
                     "and explains every decision. Mutating endpoints need the token.",
@@ -194,7 +74,7 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     @app.post("/api/v1/reports", tags=["masters"], dependencies=[Depends(reporter_authorised)])
     def report(body: HostReport) -> Assignment:
         """A master's report; the reply is its row of the slot map."""
-        return service.state.receive(body, service.clock())
+        return service.receive(body)
 
     @app.get("/api/v1/cluster", tags=["cluster"])
     def cluster() -> JSONResponse:
@@ -208,14 +88,12 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     @app.post("/api/v1/queues/{queue}/pause", tags=["control"], dependencies=guarded)
     def pause(queue: NamePath) -> dict[str, Any]:
         """Plan no slot for the queue until it is resumed."""
-        with service.state.lock:
-            service.state.paused.add(queue)
+        service.pause(queue)
         return {"queue": queue, "paused": True}
 
     @app.post("/api/v1/queues/{queue}/resume", tags=["control"], dependencies=guarded)
     def resume(queue: NamePath) -> dict[str, Any]:
-        with service.state.lock:
-            service.state.paused.discard(queue)
+        service.resume(queue)
         return {"queue": queue, "paused": False}
 
     @app.post("/api/v1/queues/{queue}/requeue-dead", tags=["control"], dependencies=guarded)
@@ -225,23 +103,24 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     @app.post("/api/v1/hosts/{host}/drain", tags=["control"], dependencies=guarded)
     def drain(host: NamePath) -> dict[str, Any]:
         """Plan no slot on the host (its slots move to the others) until the manager restarts."""
-        with service.state.lock:
-            service.state.drained.add(host)
+        service.drain(host)
         return {"host": host, "drained": True}
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        """Liveness, always 200: ``{"status": "ok"}``, or ``{"status": "degraded", "broker":
+        REASON}`` while the planning loop's last broker read failed."""
+        return service.health()
 
     @app.get("/metrics", tags=["health"])
     def metrics() -> Response:
-        from manager.metrics import render
+        from qcluster.manager.metrics import render
 
         body, content_type = render(service)
         return Response(body, media_type=content_type)
 
-    if importlib.util.find_spec("admin_ui.router") is not None:
-        from admin_ui.router import install
+    if importlib.util.find_spec("qcluster.admin_ui.router") is not None:
+        from qcluster.admin_ui.router import install
 
         install(app, service)
     return app

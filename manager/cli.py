@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from qcluster.cli import (
+from qcluster.cli_support import (
     BrokerOpt,
     ConfigOpt,
     open_configured_broker,
@@ -54,9 +54,11 @@ def manager(
     """Plan slots per queue and host from backlog and throughput; serve the API and admin UI."""
     import uvicorn
 
-    from manager.api import ManagerService, create_app
-    from manager.recorder import recorder_for
-    from manager.state import ClusterState
+    from qcluster.manager.api import create_app
+    from qcluster.manager.recorder import recorder_for
+    from qcluster.manager.service import ManagerService
+    from qcluster.manager.serving import uvicorn_options
+    from qcluster.manager.state import ClusterState
     from qcluster.security import check_server_security, parse_listen
 
     setup_logging(log_level)
@@ -74,15 +76,14 @@ def manager(
         address = parse_listen(settings.manager.listen)
         check_server_security(address, settings.token, role="manager")
         broker_conn = open_configured_broker(settings)
-        service = ManagerService(ClusterState(settings), broker_conn, settings.token)
+        recorder = recorder_for(settings.manager, started_at=time.time())
+        service = ManagerService(ClusterState(settings), broker_conn, settings.token,
+                                 recorder=recorder)
         app = create_app(service, loopback=address.loopback)
-        service.recorder = recorder_for(settings.manager, started_at=time.time())
-    service.start()
     logger.info("manager on http://%s/ (admin UI), broker %s", address, broker_conn.safe_url)
     try:
-        uvicorn.run(app, host=address.host, port=address.port, log_level="warning")
+        # a deadline on each request's head, a bound on concurrency (manager/serving.py)
+        uvicorn.run(app, host=address.host, port=address.port, **uvicorn_options())
     finally:
-        service.stopped.set()
-        if service.recorder is not None:
-            service.recorder.close()
+        service.stop()  # the lifespan stopped it already, unless the server never started
         broker_conn.close()

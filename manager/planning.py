@@ -6,9 +6,10 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
 * ``t = T_busy / P`` (the policy's estimate while nothing was measured),
 * ``load = (T_busy + B * t) / T_alive`` — above 1 when work waits (the seed's load, shown);
 * the base is the **work arriving**, in slot-seconds per second: jobs that arrived since
-  the previous round (done + backlog growth) times ``t``, over the round's seconds,
-  smoothed across rounds unless the count is beyond Poisson noise of the estimate (then
-  taken at once: a real change); the window's busy time over its span on the first round;
+  the previous round (counted by the caller, ``manager/arrivals.py``) times ``t``, over
+  the round's seconds, smoothed across rounds unless the count is beyond Poisson noise of
+  the estimate and the count's margin (the jobs the reports may owe: then taken at once,
+  a real change); the window's busy time over its span on the first round;
 * ``want = work / target_utilization + B * t / H`` slots, where the backlog drains within
   ``H`` = the queue's ``target_wait`` (or 60 s, the seed's default window);
 * hysteresis is anchored on the **previous plan**, not on the running count (which lags
@@ -24,7 +25,12 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
 * a queue with backlog and no measurement yet starts with enough slots for its backlog
   in batches, capped by ``max_slots``;
 * when the cluster's capacity is short: minimums first in priority order, then the rest
-  in priority order.
+  in priority order; within a priority, the slots a hold keeps for a queue to which
+  nothing came and for which nothing waits this round (beyond its minimum: its spare)
+  come last: a queue that waits takes them;
+* work-conserving: the slots no need claims go, by priority, to backlogs worth more than
+  ``IDLE_MIN_DRAIN_S`` of the slots their arrivals need (enough to drain them within
+  ``IDLE_DRAIN_S``), while they last.
 
 The previous round's :class:`QueuePlan` is the planner's only memory; the caller passes it
 back in (``QueueInput.previous``).
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from qcluster.policy import QueuePolicy
 
@@ -71,6 +77,12 @@ JUMP_MIN_JOBS = 5
 DRAIN_S = 60.0
 #: Less slot time than this in the window is no measurement (the load would be noise).
 MIN_ALIVE_S = 1.0
+#: Idle slots (work-conserving): a backlog worth more than this many seconds of the slots
+#: its arrivals need may take the slots no queue needs, by priority ...
+IDLE_MIN_DRAIN_S = 10.0
+#: ... as many as drain it within this (faster is not worth the forks), one per batch at
+#: most, within max_slots, while the backlog lasts; then released by the usual hold.
+IDLE_DRAIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -84,8 +96,12 @@ class QueueWindow:
     span_s: float = 0.0
     """Seconds the sums cover (0: unknown)."""
     recent_s: float = 0.0
-    """Seconds since the previous planning round that ``recent_processed`` covers."""
-    recent_processed: int = 0
+    """Seconds since the previous planning round that ``recent_arrived`` covers (0: none)."""
+    recent_arrived: int = 0
+    """Jobs enqueued in those seconds, as the caller counts them (``manager/arrivals.py``)."""
+    recent_margin: float = 0.0
+    """Jobs the count may be off by (settled jobs the reports owed at either end: counted
+    a round late): a count within this margin of the estimate is no change of rate."""
 
 
 class Why:
@@ -104,19 +120,12 @@ class Why:
         return format(str(self), spec)
 
 
-@dataclass(frozen=True)
-class QueuePlan:
-    name: str
-    current: int
-    needed: int
-    """What the queue asks for, before the cluster's capacity is shared out."""
-    planned: int
-    load: float
-    band: float
-    mean_job_s: float
-    why: Why
-    backlog: int = 0
-    """Ready jobs at this round (the next round's arrivals are done + backlog growth)."""
+@dataclass(frozen=True, kw_only=True)
+class Streak:
+    """The planner's memory between rounds, beyond the plan itself: the work estimate and
+    the hold counters. A :class:`Need` computes them, its :class:`QueuePlan` carries them to
+    the next round (``QueueInput.previous``)."""
+
     work: float = 0.0
     """Slot-seconds of work arriving per second, as this round estimated it."""
     low_rounds: int = 0
@@ -129,6 +138,24 @@ class QueuePlan:
     """Rounds in a row the queue wanted more (not far more) slots than planned."""
     high_floor: int = 0
     """The fewest slots wanted during those rounds: what a rise goes up to."""
+
+
+STREAK_FIELDS = tuple(f.name for f in fields(Streak))
+
+
+@dataclass(frozen=True)
+class QueuePlan(Streak):
+    name: str
+    current: int
+    needed: int
+    """What the queue asks for, before the cluster's capacity is shared out."""
+    planned: int
+    load: float
+    band: float
+    mean_job_s: float
+    why: Why
+    backlog: int = 0
+    """Ready jobs at this round."""
 
     @property
     def reason(self) -> str:
@@ -151,18 +178,16 @@ class QueueInput:
 
 
 @dataclass(frozen=True)
-class Need:
+class Need(Streak):
     """One queue's need, with the numbers the decision used."""
 
     needed: int
     load: float
     why: Why | str
-    work: float = 0.0
-    low_rounds: int = 0
-    low_peak: float = 0.0
-    low_jobs: int = 0
-    high_rounds: int = 0
-    high_floor: int = 0
+    spare: int = 0
+    """Of ``needed``, the slots a hold keeps while nothing came and nothing waits (beyond
+    ``min_slots``): when capacity is short they go to the queues that wait, of the same
+    priority or a higher one (never a lower one)."""
 
 
 def band_for(priority: int) -> float:
@@ -196,12 +221,14 @@ def work_rate(queue: QueueInput, job_s: float) -> tuple[float, int, Why]:
     figure comes from."""
     window, previous = queue.window, queue.previous
     if previous is not None and window.recent_s > 0:
-        arrived = max(0, window.recent_processed + window.backlog - previous.backlog)
+        arrived = window.recent_arrived
         seen = Why("{} arrived in {:g}s", arrived, window.recent_s)
         now = arrived * job_s / window.recent_s
         expected = previous.work * window.recent_s / job_s
-        if abs(arrived - expected) > JUMP_SIGMAS * math.sqrt(expected + 1) + JUMP_MIN_JOBS:
-            # Beyond counting noise: the rate changed, take it at once.
+        noise = JUMP_SIGMAS * math.sqrt(expected + 1) + JUMP_MIN_JOBS + window.recent_margin
+        if abs(arrived - expected) > noise:
+            # Beyond counting noise and the jobs the reports owed: the rate changed, take
+            # it at once.
             return now, arrived, Why("{}, a change", seen)
         smoothed = previous.work + SMOOTHING * (now - previous.work)
         return smoothed, arrived, Why("{}, smoothed", seen)
@@ -239,6 +266,10 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
     # Capped: a ratio over a sliver of slot time could be astronomically large.
     want = min(work / target_utilization + window.backlog * job_s / horizon,
                policy.max_slots + 1.0)
+    if anchor == 0 and counted == 0 and window.backlog == 0:
+        # Nothing came and nothing waits: the smoothed estimate only decays towards 0 and
+        # would bring a slot back 'by far' right after releasing the last one (a flap).
+        want = 0.0
     band = band_for(policy.priority)
     basis = Why("load {:.0%}, work {:.2f} slot-s/s ({}, {:.3g} ms/job) + backlog drain in {:g}s"
                 " = {:.2f} slots at {:.0%}", load, work, source, job_s * 1000, horizon, want,
@@ -249,15 +280,15 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
     upper = min(1 + band, MAX_UTILIZATION / target_utilization)
     if ratio > upper:
         above = Why("{} > {} +{:.0%}", basis, anchor, upper - 1)
-        return _up(queue, want, ratio, band, Need(anchor, load, above, work))
+        return _up(queue, want, ratio, band, Need(anchor, load, above, work=work))
     if ratio < 1 - band and anchor > policy.min_slots:
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
         edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
         return _down(queue, want, counted, edge_jobs, upper, Need(
-            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work))
+            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work=work))
     return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, band, upper - 1),
-                work)
+                work=work)
 
 
 def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -> Need:
@@ -311,16 +342,23 @@ def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, upper:
         return replace(keep, needed=_clamp(target, queue.policy),
                        why=Why("{} for {} rounds, most wanted {:.2f}", keep.why, low_rounds,
                                low_peak))
+    # A round in which no job came and none waits needs only the minimum: the rest of
+    # the hold is spare.
+    keeps = queue.policy.min_slots if not (counted or queue.window.backlog) else keep.needed
     return replace(keep, why=Why("{}, held {} of {} rounds", keep.why, low_rounds, hold),
-                   low_rounds=low_rounds, low_peak=low_peak, low_jobs=low_jobs)
+                   low_rounds=low_rounds, low_peak=low_peak, low_jobs=low_jobs,
+                   spare=max(0, keep.needed - keeps))
 
 
 def share_capacity(
     needs: Mapping[str, int], policies: Mapping[str, QueuePolicy], capacity: int,
-    paused: frozenset[str] = frozenset(),
+    paused: frozenset[str] = frozenset(), spare: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """Minimums first in priority order, then the rest of each need in priority order."""
+    """Minimums first in priority order, then the rest of each need in priority order;
+    within a priority, the needs' ``spare`` slots (held beyond what the work needs) after
+    every need of that priority that is not spare."""
     order = sorted(needs, key=lambda q: (-policies[q].priority, q))
+    spare = spare or {}
     left = max(0, capacity)
     granted = dict.fromkeys(order, 0)
     for queue in order:
@@ -328,12 +366,48 @@ def share_capacity(
         floor = max(floor, 0)
         granted[queue] = min(floor, left)
         left -= granted[queue]
-    for queue in order:
-        more = min(needs[queue] - granted[queue], left)
+    # (priority, spare last, name): a higher priority's spare before a lower one's need.
+    parts = sorted([(-policies[q].priority, 0, q, needs[q] - spare.get(q, 0)) for q in order]
+                   + [(-policies[q].priority, 1, q, needs[q]) for q in order if spare.get(q)])
+    for _, _, queue, upto in parts:
+        more = min(upto - granted[queue], left)
         if more > 0:
             granted[queue] += more
             left -= more
     return granted
+
+
+def use_idle(queues: Sequence[QueueInput], needs: Mapping[str, Need],
+             granted: Mapping[str, int], capacity: int,
+             target_utilization: float) -> dict[str, int]:
+    """Work-conserving: the slots no queue needs go, by priority, to queues with a backlog
+    worth more than IDLE_MIN_DRAIN_S of the slots their arrivals alone need: enough to
+    drain it within IDLE_DRAIN_S on top of those arrivals, at most one per batch waiting,
+    within max_slots.
+
+    No flap: whether a backlog is worth idle slots does not depend on the slots planned,
+    so a release the usual hold makes while it lasts is given back in the same round (the
+    plan does not move), and once it is not the release stands."""
+    free = capacity - sum(granted.values())
+    extra: dict[str, int] = {}
+    for queue in sorted(queues, key=lambda q: (-q.policy.priority, q.name)):
+        backlog, policy = queue.window.backlog, queue.policy
+        if queue.paused or not queue.servable or backlog <= 0:
+            continue
+        arriving = needs[queue.name].work / target_utilization
+        backlog_s = backlog * mean_job_seconds(queue.window, policy)
+        if not (math.isfinite(arriving) and math.isfinite(backlog_s)):
+            continue
+        if backlog_s <= IDLE_MIN_DRAIN_S * max(1, math.ceil(arriving)):
+            continue
+        have = granted[queue.name]
+        wanted = min(math.ceil(arriving + backlog_s / IDLE_DRAIN_S), policy.max_slots,
+                     have + math.ceil(backlog / policy.batch_size))
+        more = min(free, wanted - have)
+        if more > 0:
+            extra[queue.name] = more
+            free -= more
+    return extra
 
 
 def plan(
@@ -344,23 +418,32 @@ def plan(
     policies = {q.name: q.policy for q in queues}
     paused = frozenset(q.name for q in queues if q.paused)
     granted = share_capacity({n: need.needed for n, need in needs.items()}, policies, capacity,
-                             paused)
+                             paused, spare={n: need.spare for n, need in needs.items()})
+    idle = use_idle(queues, needs, granted, capacity, target_utilization)
     plans = {}
     for queue in queues:
         need = needs[queue.name]
         got = granted[queue.name]
         why = need.why
-        if got < need.needed:
+        if got < need.needed - need.spare:
             why = Why("{}; capacity short: {} of {} needed", why, got, need.needed)
+        elif got < need.needed:
+            why = Why("{}; capacity short: {} spare of the hold to queues that wait", why,
+                      need.needed - got)
+        streak = {name: getattr(need, name) for name in STREAK_FIELDS}
+        extra = idle.get(queue.name, 0)
+        if extra:
+            why = Why("{}; idle slots: +{} to drain the backlog ({:.0f} slot-s) in {:g}s", why,
+                      extra, queue.window.backlog * mean_job_seconds(queue.window, queue.policy),
+                      IDLE_DRAIN_S)
+            got += extra
         before = queue.previous.planned if queue.previous is not None else queue.current
         reason = Why("{}: {}, backlog {}, {} -> {} slots", queue.name, why,
                      queue.window.backlog, before, got)
         plans[queue.name] = QueuePlan(
-            name=queue.name, current=queue.current, needed=need.needed, planned=got,
+            name=queue.name, current=queue.current, needed=max(need.needed, got), planned=got,
             load=need.load, band=band_for(queue.policy.priority),
             mean_job_s=mean_job_seconds(queue.window, queue.policy), why=reason,
-            backlog=queue.window.backlog, work=need.work, low_rounds=need.low_rounds,
-            low_peak=need.low_peak, low_jobs=need.low_jobs, high_rounds=need.high_rounds,
-            high_floor=need.high_floor,
+            backlog=queue.window.backlog, **streak,
         )
     return plans

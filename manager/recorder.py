@@ -32,9 +32,9 @@ from typing import Annotated, Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from manager.state import ClusterState, QueueObservation, RoundObservation
 from qcluster.config import ManagerSettings
 from qcluster.errors import ConfigError
+from qcluster.manager.state import ClusterState, QueueObservation, RoundObservation
 from qcluster.policy import QueuePolicy
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,8 @@ class Recorder:
         self.interval_s = interval_s
         self.max_bytes = max_bytes
         self._file = self._open()
-        self._last_round_at = -float("inf")  # a new manager: every sample it holds is new
+        self.last_round_at = -float("inf")  # a new manager: every sample it holds is new
+        """The previous round's time: the next round writes the reports received since."""
         self._restart(started_at)
 
     def _open(self) -> TextIO:
@@ -135,9 +136,13 @@ class Recorder:
         self._header_written = False
 
     def record(self, state: ClusterState, now: float) -> None:
-        """Write this round; a failing disk is logged, never a reason to stop planning."""
-        observation = state.observe(self._last_round_at, now)
-        self._last_round_at = now
+        """Write this round as ``state`` saw it (the caller holds the state's lock)."""
+        self.write(state.observation(self.last_round_at, now), now)
+
+    def write(self, observation: RoundObservation, now: float) -> None:
+        """Write a round observed at ``now`` (since :attr:`last_round_at`); a failing disk
+        is logged, never a reason to stop planning."""
+        self.last_round_at = now
         try:
             self._write_round(observation, now)
         except OSError as exc:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from qcluster.procfs import total_pss_bytes
+
 MIB = 1 << 20
 
 
@@ -27,6 +29,11 @@ class HostSample:
     cgroup_memory_free_bytes: int | None = None
     """cgroup memory.max minus memory.current, when the cgroup has a limit."""
 
+    @property
+    def pss_total_bytes(self) -> int:
+        """The master and its slots together."""
+        return total_pss_bytes(self.master_pss_bytes, self.slot_pss_bytes)
+
 
 @dataclass(frozen=True)
 class CapacityLimits:
@@ -40,7 +47,7 @@ def average_slot_pss(sample: HostSample, limits: CapacityLimits) -> int:
     """sum_PSS / n_slots, or the configured estimate before any slot exists."""
     if not sample.slot_pss_bytes:
         return limits.slot_pss_estimate_bytes
-    total = sample.master_pss_bytes + sum(sample.slot_pss_bytes)
+    total = sample.pss_total_bytes
     return max(1, total // len(sample.slot_pss_bytes))
 
 
@@ -53,7 +60,7 @@ def available_bytes(sample: HostSample) -> int:
 
 def capacity(sample: HostSample, limits: CapacityLimits) -> int:
     """Slots allowed on the host now (never negative, never above ``max_slots``)."""
-    pss_total = sample.master_pss_bytes + sum(sample.slot_pss_bytes)
+    pss_total = sample.pss_total_bytes
     budget = pss_total + available_bytes(sample) - limits.reserve_bytes
     allowed = math.floor(budget / average_slot_pss(sample, limits))
     if sample.cpus > 0 and sample.load1 > limits.max_load_per_cpu * sample.cpus:

@@ -8,15 +8,19 @@ import logging
 import re
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from qcluster import metrics
-from qcluster.cli import BrokerOpt, ConfigOpt, settings_for, setup_logging, user_errors
+from qcluster.cli_support import BrokerOpt, ConfigOpt, settings_for, setup_logging, user_errors
+from qcluster.config import Settings
 from qcluster.errors import ConfigError
 from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import ListenAddress, is_decimal
+
+if TYPE_CHECKING:
+    from qcluster.master.supervisor import Supervisor
 
 logger = logging.getLogger("qcluster.master")
 #: The files prometheus_client's multiprocess mode writes (``TYPE_IDENTITY.db``): a slot's
@@ -52,7 +56,9 @@ def parse_slots(text: str) -> dict[str, int]:
 def master(
     host_auto: Annotated[
         bool,
-        typer.Option("--host-auto", help="Size the host from memory, load and cgroups (default)"),
+        typer.Option("--host-auto", hidden=True,
+                     help="Accepted and ignored: the host is always sized from memory, load "
+                          "and cgroups (see docs/master.md)"),
     ] = True,
     slots: Annotated[
         str | None,
@@ -87,38 +93,59 @@ def master(
     ] = "INFO",
 ) -> None:
     """Run this host's slots: fork them from the pre-imported app, size, watch, recycle."""
-    from master.supervisor import Supervisor
-    from qcluster.security import check_server_security, parse_listen
-
     setup_logging(log_level)
     with user_errors():
         settings = settings_for(config, broker_url=broker, app=app, manager_url=manager)
-        if not settings.app:
-            raise ConfigError("no application: pass --app MODULE or set app in qcluster.toml")
-        address = parse_listen(listen)
-        check_server_security(address, settings.token, role="master")
-        row = parse_slots(slots) if slots else None
-        name = host_name or socket.gethostname()
-        if not re.fullmatch(QUEUE_NAME_PATTERN, name):
-            raise ConfigError(f"--host-name: {name!r} is not a valid host name for the manager "
-                              "(1-128 letters, digits, '_', '.', ':' or '-', starting with a "
-                              "letter or digit)")
-        if metrics_on:
-            directory = settings.metrics_dir or metrics.default_metrics_dir(name)
-            clear_metric_files(Path(directory))
-            metrics.prepare_multiprocess_dir(Path(directory), wipe=False)
-        from qcluster.app import load_app
-        from slot.runtime import run_slot
-
-        application = load_app(settings.app).with_overrides(settings.queues)
-        if row is not None:
-            for queue in row:
-                application.spec(queue)
-        preimport_for_slots(settings.broker_url, metrics_on)
-        supervisor = Supervisor(application, settings, host_name=name, fixed_row=row,
-                                run_slot=run_slot)
-        code = _run(supervisor, address, settings.manager_url if row is None else None)
+        supervisor, address = _prepare(settings, slots, host_name, listen, metrics_on)
+        code = _run(supervisor, address, settings.manager_url if slots is None else None)
     raise typer.Exit(code)
+
+
+def _prepare(settings: Settings, slots: str | None, host_name: str | None, listen: str,
+             metrics_on: bool) -> tuple[Supervisor, ListenAddress]:
+    """Everything checked and imported before the first fork; errors are one line."""
+    from qcluster.app import load_app
+    from qcluster.master.supervisor import Supervisor
+    from qcluster.security import check_server_security, parse_listen
+    from qcluster.slot.runtime import run_slot
+
+    if not settings.app:
+        raise ConfigError("no application: pass --app MODULE or set app in qcluster.toml")
+    address = parse_listen(listen)
+    check_server_security(address, settings.token, role="master")
+    row = parse_slots(slots) if slots else None
+    name = host_name or socket.gethostname()
+    if not re.fullmatch(QUEUE_NAME_PATTERN, name):
+        raise ConfigError(f"--host-name: {name!r} is not a valid host name for the manager "
+                          "(1-128 letters, digits, '_', '.', ':' or '-', starting with a "
+                          "letter or digit)")
+    if metrics_on:
+        directory = settings.metrics_dir or metrics.default_metrics_dir(name)
+        clear_metric_files(Path(directory))
+        metrics.prepare_multiprocess_dir(Path(directory), wipe=False)
+    application = load_app(settings.app).with_overrides(settings.queues)
+    for queue in row or ():
+        application.spec(queue)
+    preimport_for_slots(settings.broker_url, metrics_on)
+    check_broker(settings)
+    supervisor = Supervisor(application, settings, host_name=name, fixed_row=row,
+                            run_slot=run_slot)
+    return supervisor, address
+
+
+def check_broker(settings: Settings) -> None:
+    """Open the broker once before any fork, as every other command does: a Redis that
+    evicts keys is refused here with one line (exit 6) instead of by each slot in turn.
+    A broker that cannot be reached is not refused: the slots retry it."""
+    from qcluster.broker import open_broker
+    from qcluster.errors import BrokerError
+
+    try:
+        broker = open_broker(settings.broker_url, state_dir=settings.state_dir)
+    except BrokerError as exc:
+        logger.warning("broker not reachable at start (%s): the slots will retry", exc)
+        return
+    broker.close()
 
 
 def preimport_for_slots(broker_url: str | None, metrics_on: bool) -> None:
@@ -126,23 +153,22 @@ def preimport_for_slots(broker_url: str | None, metrics_on: bool) -> None:
     instead of private in each slot: the broker backend and the slot-side metrics."""
     import importlib
 
-    url = (broker_url or "embedded").split(";")[0]
-    backend = ("qcluster.broker.kombu_broker" if url.startswith(("amqp", "pyamqp"))
-               else "qcluster.broker.embedded" if url.startswith("embedded")
-               else "qcluster.broker.redis_broker")
-    importlib.import_module(backend)
+    from qcluster.broker import backend_module
+
+    importlib.import_module(backend_module(broker_url))
     if metrics_on:
         importlib.import_module("prometheus_client")
         importlib.import_module("prometheus_client.multiprocess")
 
 
-def _run(supervisor: object, listen: ListenAddress, manager_url: str | None) -> int:
-    from master.http import serve
-    from master.reporter import Reporter
-    from master.supervisor import Supervisor
+def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None) -> int:
+    from qcluster.master.broker_health import BrokerHealth
+    from qcluster.master.http import serve
+    from qcluster.master.reporter import Reporter
 
-    assert isinstance(supervisor, Supervisor)
-    server = serve(listen, lambda: supervisor.snapshot, supervisor.host_name)
+    settings = supervisor.settings
+    health = BrokerHealth(settings.broker_url, settings.state_dir, supervisor.effects.fork_lock)
+    server = serve(listen, lambda: supervisor.snapshot, supervisor.host_name, health.status)
     supervisor.extra_fds.append(server.socket.fileno())
     logger.info("master %s: http://%s/metrics, queues %s", supervisor.host_name, listen,
                 ", ".join(sorted(supervisor.app.queues)))

@@ -4,23 +4,42 @@ The stdlib server in one daemon thread, not uvicorn: the master forks slots all 
 time, and a thread that only blocks in accept() and writes to its own socket is the
 least that can be inherited by a fork in a bad state. Read-only (other methods: 405);
 binds 127.0.0.1 by default, and then answers only loopback Host headers (DNS rebinding).
+
+Limits (slow loris): a connection has HEADER_TIMEOUT_S to send a complete request line +
+headers, however slowly the bytes trickle in (it answers HTTP/1.0 and closes after each
+answer: no idle keep-alive connection stays); at most MAX_CONNECTIONS are served at once
+(one thread each), one more is answered 503 and closed at once.
 """
 
 from __future__ import annotations
 
+import glob
+import io
 import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from master.supervisor import RESTART_REASONS, Snapshot
 from qcluster import metrics
+from qcluster.master.slots import RESTART_REASONS
+from qcluster.master.snapshot import Snapshot
+from qcluster.metrics import MASTER_METRICS_HELP
 from qcluster.security import ListenAddress, host_header_is_loopback
 
 Getter = Callable[[], Snapshot]
+
+#: Seconds a connection has to send a request's line + headers; also each read's and
+#: each answer's write timeout.
+HEADER_TIMEOUT_S = 10.0
+#: Connections served at once (a thread each); more are refused with a 503.
+MAX_CONNECTIONS = 64
+
+_BUSY_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+               b"Connection: close\r\n\r\n")
 
 
 class MasterCollector:
@@ -31,21 +50,15 @@ class MasterCollector:
         self.host = host
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily
 
         snap = self.snapshot()
         sample = snap.sample
-        yield GaugeMetricFamily("qcluster_host_capacity_slots", "Slots this host can run now.",
-                                value=snap.capacity_slots)
+        yield _gauge("qcluster_host_capacity_slots", value=snap.capacity_slots)
         if sample is not None:
-            yield GaugeMetricFamily("qcluster_host_mem_available_bytes",
-                                    "MemAvailable (or the cgroup's free memory).",
-                                    value=sample.mem_available_bytes)
-            pss = sample.master_pss_bytes + sum(sample.slot_pss_bytes)
-            yield GaugeMetricFamily("qcluster_host_pss_total_bytes",
-                                    "PSS of the master and its slots.", value=pss)
-        slots = GaugeMetricFamily("qcluster_slots", "Slots by queue and state.",
-                                  labels=["queue", "state"])
+            yield _gauge("qcluster_host_mem_available_bytes", value=sample.mem_available_bytes)
+            yield _gauge("qcluster_host_pss_total_bytes", value=sample.pss_total_bytes)
+        slots = _gauge("qcluster_slots", labels=["queue", "state"])
         counts: dict[tuple[str, str], int] = {}
         for info in snap.slots:
             counts[(info.queue, info.state)] = counts.get((info.queue, info.state), 0) + 1
@@ -53,9 +66,8 @@ class MasterCollector:
             slots.add_metric([queue, state], n)
         yield slots
         yield from self._per_slot(snap)
-        restarts = CounterMetricFamily("qcluster_slot_restarts_total",
-                                       "Slot restarts by queue and reason.",
-                                       labels=["queue", "reason"])
+        name = "qcluster_slot_restarts_total"
+        restarts = CounterMetricFamily(name, MASTER_METRICS_HELP[name], labels=["queue", "reason"])
         queues = {q for q, _ in snap.restarts} | {i.queue for i in snap.slots}
         for queue in sorted(queues):
             for reason in RESTART_REASONS:
@@ -63,14 +75,10 @@ class MasterCollector:
         yield restarts
 
     def _per_slot(self, snap: Snapshot) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
         labels = ["slot", "queue"]
-        pss = GaugeMetricFamily("qcluster_slot_pss_bytes", "PSS of each slot.", labels=labels)
-        dirty = GaugeMetricFamily("qcluster_slot_private_dirty_bytes",
-                                  "Private_Dirty of each slot.", labels=labels)
-        seen = GaugeMetricFamily("qcluster_slot_last_seen_timestamp_seconds",
-                                 "Last message from each slot (unix time).", labels=labels)
+        pss = _gauge("qcluster_slot_pss_bytes", labels=labels)
+        dirty = _gauge("qcluster_slot_private_dirty_bytes", labels=labels)
+        seen = _gauge("qcluster_slot_last_seen_timestamp_seconds", labels=labels)
         for info in snap.slots:
             key = [str(info.slot_no), info.queue]
             pss.add_metric(key, info.pss_bytes)
@@ -79,15 +87,43 @@ class MasterCollector:
         yield from (pss, dirty, seen)
 
 
+def _gauge(name: str, **kwargs: Any) -> Any:
+    """A gauge of the master's, named and described in qcluster.metrics."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    return GaugeMetricFamily(name, MASTER_METRICS_HELP[name], **kwargs)
+
+
 def build_registry(snapshot: Getter, host: str) -> Any:
     from prometheus_client import CollectorRegistry
-    from prometheus_client.multiprocess import MultiProcessCollector
 
     registry = CollectorRegistry()
     if metrics.multiprocess_enabled():
-        MultiProcessCollector(registry)
+        _settled_files_collector(registry)
     registry.register(MasterCollector(snapshot, host))
     return registry
+
+
+def _settled_files_collector(registry: Any) -> None:
+    """prometheus_client's multiprocess collector, minus the files a slot is creating this
+    very moment: prometheus_client creates a file empty, then sizes it, and reading it
+    empty raised ``struct.error``, so the scrape got no response at all."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    class SettledFiles(MultiProcessCollector):
+        def collect(self) -> Any:
+            files = [path for path in glob.glob(os.path.join(self._path, "*.db"))
+                     if _size(path) > 0]
+            return self.merge(files, accumulate=True)
+
+    SettledFiles(registry)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0  # removed since the glob: a slot that ended
 
 
 def host_json(snap: Snapshot) -> dict[str, Any]:
@@ -96,66 +132,158 @@ def host_json(snap: Snapshot) -> dict[str, Any]:
         "cpus": sample.cpus if sample else os.cpu_count(),
         "loadavg": list(os.getloadavg()),
         "mem_available_bytes": sample.mem_available_bytes if sample else 0,
-        "pss_total_bytes": (sample.master_pss_bytes + sum(sample.slot_pss_bytes)) if sample else 0,
+        "pss_total_bytes": sample.pss_total_bytes if sample else 0,
         "avg_slot_pss_bytes": snap.avg_slot_pss_bytes,
         "capacity_slots": snap.capacity_slots,
         "desired": snap.desired,
+        "fatal": snap.fatal,
     }
 
 
-def serve(listen: ListenAddress, snapshot: Getter, host: str) -> ThreadingHTTPServer:
-    """Start the endpoint in a daemon thread; returns the server (its socket for the fork)."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+class _HeadDeadlineReader(io.RawIOBase):
+    """The connection's reads, each bounded by what is left of the handler's deadline for
+    the request head: a socket timeout alone restarts with every byte received."""
 
-    registry = build_registry(snapshot, host)
-    loopback = listen.loopback
+    def __init__(self, handler: _Handler) -> None:
+        self.handler = handler
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if loopback and not host_header_is_loopback(self.headers.get("Host")):
-                self._json({"detail": "invalid host header"}, 400)
-                return
-            path = self.path.split("?")[0]
-            if path == "/metrics":
-                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                self._json({"status": "ok", "host": host})
-            elif path == "/api/v1/slots":
-                self._json([info.model_dump() for info in snapshot().slots])
-            elif path == "/api/v1/host":
-                self._json(host_json(snapshot()))
-            else:
-                self._json({"detail": "not found"}, 404)
+    def readable(self) -> bool:
+        return True
 
-        def _read_only(self) -> None:
-            self.send_response(405)
-            self.send_header("Allow", "GET")
-            self.send_header("Content-Length", "0")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True  # its body, if any, is never read
+    def readinto(self, buffer: Any) -> int:
+        handler, sock = self.handler, self.handler.connection
+        if handler.head_deadline is None:
+            sock.settimeout(handler.timeout)
+        else:
+            left = handler.head_deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no complete request head in time")
+            sock.settimeout(min(left, handler.timeout or left))
+        return sock.recv_into(buffer)
 
-        do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _read_only
 
-        def _json(self, body: Any, status: int = 200) -> None:
-            self._reply(status, json.dumps(body).encode(), "application/json")
+class _Handler(BaseHTTPRequestHandler):
+    """GET only; the endpoint's state is set on the subclass :func:`serve` makes."""
 
-        def _reply(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    snapshot: Getter
+    health: Callable[[], dict[str, str]]
+    registry: Any
+    host: str
+    loopback: bool
+    timeout = HEADER_TIMEOUT_S
+    head_timeout_s: float = HEADER_TIMEOUT_S
+    head_deadline: float | None = None
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # scrapes every few seconds would drown the log
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(_HeadDeadlineReader(self))
 
-    server_class = _IPv6Server if ":" in listen.host else ThreadingHTTPServer
-    server = server_class((listen.host, listen.port), Handler)
-    server.daemon_threads = True
+    def handle_one_request(self) -> None:
+        """A request's head is due within head_timeout_s (a TimeoutError from the reader
+        ends the connection: the stdlib catches it here)."""
+        self.head_deadline = time.monotonic() + self.head_timeout_s
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        try:
+            return super().parse_request()  # reads the headers
+        finally:
+            self.head_deadline = None
+
+    def do_GET(self) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if self.loopback and not host_header_is_loopback(self.headers.get("Host")):
+            self._json({"detail": "invalid host header"}, 400)
+            return
+        path = self.path.split("?")[0]
+        if path == "/metrics":
+            self._reply(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            self._json({**self.health(), "host": self.host})
+        elif path == "/api/v1/slots":
+            self._json([info.model_dump() for info in self.snapshot().slots])
+        elif path == "/api/v1/host":
+            self._json(host_json(self.snapshot()))
+        else:
+            self._json({"detail": "not found"}, 404)
+
+    def _read_only(self) -> None:
+        self.send_response(405)
+        self.send_header("Allow", "GET")
+        self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True  # its body, if any, is never read
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _read_only
+
+    def _json(self, body: Any, status: int = 200) -> None:
+        self._reply(status, json.dumps(body).encode(), "application/json")
+
+    def _reply(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # scrapes every few seconds would drown the log
+
+
+def serve(listen: ListenAddress, snapshot: Getter, host: str,
+          health: Callable[[], dict[str, str]] | None = None, *,
+          head_timeout_s: float = HEADER_TIMEOUT_S,
+          max_connections: int = MAX_CONNECTIONS) -> ThreadingHTTPServer:
+    """Start the endpoint in a daemon thread; returns the server (its socket for the fork).
+    ``health``: what /healthz says besides the host (default: ``{"status": "ok"}``).
+    ``head_timeout_s`` and ``max_connections``: the limits (tests shorten them)."""
+    handler = type("Handler", (_Handler,), {
+        "snapshot": staticmethod(snapshot), "registry": build_registry(snapshot, host),
+        "health": staticmethod(health or (lambda: {"status": "ok"})),
+        "host": host, "loopback": listen.loopback,
+        "head_timeout_s": head_timeout_s, "timeout": max(head_timeout_s, HEADER_TIMEOUT_S),
+    })
+    server_class = _IPv6Server if ":" in listen.host else _BoundedServer
+    server = server_class((listen.host, listen.port), handler, max_connections)
     threading.Thread(target=server.serve_forever, name="master-http", daemon=True).start()
     return server
 
 
-class _IPv6Server(ThreadingHTTPServer):
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most as many as ``connection_slots`` allows: one more
+    is answered 503 and closed by the accepting thread, without blocking it."""
+
+    daemon_threads = True
+    block_on_close = False  # server_close() does not wait for a slow client's thread
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.connection_slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.connection_slots.acquire(blocking=False):
+            try:
+                request.setblocking(False)
+                request.send(_BUSY_REPLY)
+            except OSError:
+                pass  # its buffer is full or it left: closed all the same
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connection_slots.release()  # no thread started
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connection_slots.release()
+
+
+class _IPv6Server(_BoundedServer):
     address_family = socket.AF_INET6

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from master.capacity import HostSample
+from qcluster.master.capacity import HostSample
 from qcluster.procfs import MemorySample, read_memory
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

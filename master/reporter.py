@@ -14,7 +14,7 @@ import time
 import httpx
 import psutil
 
-from master.supervisor import Supervisor
+from qcluster.master.supervisor import Supervisor
 from qcluster.messages import Assignment, BatchCounters, HostFacts, HostReport, QueueCounters
 
 logger = logging.getLogger(__name__)
@@ -24,12 +24,14 @@ def build_report(sup: Supervisor, interval_s: float, generation: int) -> HostRep
     snap = sup.snapshot
     sample = snap.sample
     now = time.time()
-    counters = sup.take_counters()
+    mono_now = time.monotonic()
+    counters = sup.counters.take()
     alive: dict[str, float] = {}
     for info in snap.slots:
-        alive[info.queue] = alive.get(info.queue, 0.0) + min(interval_s, now - info.started_at)
+        lived_s = mono_now - snap.started_mono.get(info.slot_no, mono_now)
+        alive[info.queue] = alive.get(info.queue, 0.0) + max(0.0, min(interval_s, lived_s))
     queues = set(counters) | set(alive)
-    pss_total = (sample.master_pss_bytes + sum(sample.slot_pss_bytes)) if sample else 0
+    pss_total = sample.pss_total_bytes if sample else 0
     facts = HostFacts(
         cpus=sample.cpus if sample else float(os.cpu_count() or 1),
         loadavg=os.getloadavg(),
@@ -95,10 +97,7 @@ class Reporter:
 
     def _give_back(self, report: HostReport) -> None:
         """Counters of an undelivered report go into the next one."""
-        with self.sup.lock:
-            for queue, counted in report.counters.items():
-                before = self.sup.pending.get(queue, BatchCounters())
-                self.sup.pending[queue] = before + counted.counters
+        self.sup.counters.give_back({q: c.counters for q, c in report.counters.items()})
 
 
 def _hint(exc: Exception) -> str:

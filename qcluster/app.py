@@ -11,7 +11,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from qcluster.errors import AppImportError, ConfigError, HandlerNotFound, InvalidQueueName
+from qcluster.errors import (
+    AppImportError,
+    ConfigError,
+    HandlerNotFound,
+    InvalidQueueName,
+    field_reasons,
+)
 from qcluster.job import Job
 from qcluster.names import check_queue_name
 from qcluster.policy import QueuePolicy
@@ -53,7 +59,7 @@ class App:
         try:
             queue_policy = QueuePolicy(**policy)
         except ValidationError as exc:
-            raise ConfigError(f"queue {name!r}: {exc}") from exc
+            raise ConfigError(f"queue {name!r}: {field_reasons(exc.errors())}") from None
 
         def bind(handler: BatchHandler) -> BatchHandler:
             _refuse_async(name, handler)

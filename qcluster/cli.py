@@ -1,40 +1,38 @@
 """The ``qcluster`` command line.
 
-Producer and inspection commands live here; each role contributes its own command
-(``master/cli.py``, ``manager/cli.py``, ``qcluster/demo.py``), registered below.
-Expected failures (bad config, unreachable broker, unknown app) print one clear
-line and exit with the code of :mod:`qcluster.exitcodes`; no traceback.
+Producer and inspection commands live here; each role contributes its own commands
+(``master``, ``manager``, ``slot``, ``simulate``, ``demo``), declared as entry points of the
+group ``qcluster.commands`` in pyproject.toml and registered by :func:`main`: the core
+never imports a role. Expected failures (bad config, unreachable broker, unknown app)
+print one clear line and exit with the code of :mod:`qcluster.exitcodes`; no traceback.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import logging
-import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from qcluster import exitcodes
-from qcluster.config import Settings, load_settings
-from qcluster.errors import (
-    AppImportError,
-    BrokerUnavailable,
-    ConfigError,
-    EnvelopeError,
-    HandlerNotFound,
-    InvalidDelay,
-    InvalidQueueName,
-    QClusterError,
+from qcluster.cli_support import (
+    BrokerOpt,
+    ConfigOpt,
+    err,
+    open_configured_broker,
+    out,
+    settings_for,
+    user_errors,
 )
+from qcluster.config import Settings
+from qcluster.errors import EnvelopeError, QClusterError
+
+#: Where the roles declare their commands (``[project.entry-points."qcluster.commands"]``).
+COMMANDS_GROUP = "qcluster.commands"
 
 cli = typer.Typer(
     name="qcluster",
@@ -43,59 +41,6 @@ cli = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err = Console(stderr=True)
-out = Console()
-
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="qcluster.toml (default: $QCLUSTER_CONFIG)")
-]
-BrokerOpt = Annotated[
-    str | None,
-    typer.Option("--broker", help="Broker URL (default: $QCLUSTER_BROKER_URL, config, embedded)"),
-]
-
-_EXIT_CODES: list[tuple[type[BaseException], int]] = [
-    (ConfigError, exitcodes.CONFIG),
-    (AppImportError, exitcodes.APP_IMPORT),
-    (HandlerNotFound, exitcodes.BOOT_ERROR),
-    (BrokerUnavailable, exitcodes.BROKER_CONNECT),
-    (EnvelopeError, exitcodes.USAGE),
-    (InvalidQueueName, exitcodes.USAGE),
-    (InvalidDelay, exitcodes.USAGE),
-    (QClusterError, exitcodes.FAILURE),
-]
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn expected errors into one red line and a named exit code."""
-    try:
-        yield
-    except tuple(cls for cls, _ in _EXIT_CODES) as exc:
-        code = next(c for cls, c in _EXIT_CODES if isinstance(exc, cls))
-        # escape(): a message naming "[queues.foo]" or a queue "[/q]" is text, not markup.
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code) from None
-
-
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def settings_for(config: Path | None, **overrides: Any) -> Settings:
-    with user_errors():
-        return load_settings(config, **overrides)
-
-
-def open_configured_broker(settings: Settings) -> Any:
-    from qcluster.broker import open_broker
-
-    with user_errors():
-        return open_broker(settings.broker_url, state_dir=settings.state_dir)
 
 
 # --- producer commands -----------------------------------------------------------
@@ -255,55 +200,31 @@ def dead(
     out.print(table)
 
 
-@cli.command()
-def slot(
-    queue: Annotated[str, typer.Option("--queue", help="Queue to serve")],
-    app: Annotated[str | None, typer.Option("--app", help="MODULE or MODULE:ATTR")] = None,
-    burst: Annotated[bool, typer.Option(help="Exit 0 when the queue has no ready job")] = False,
-    config: ConfigOpt = None,
-    broker: BrokerOpt = None,
-    log_level: Annotated[str, typer.Option(help="Logging level")] = "INFO",
-) -> None:
-    """Run one slot in the foreground (development, tests, benchmarks)."""
-    from qcluster.app import load_app
-    from slot.runtime import run_slot
-
-    setup_logging(log_level)
-    settings = settings_for(config, broker_url=broker, app=app)
-    with user_errors():
-        if not settings.app:
-            raise ConfigError("no application: pass --app MODULE or set app in qcluster.toml")
-        application = load_app(settings.app).with_overrides(settings.queues)
-        application.spec(queue)
-        code = run_slot(
-            application, queue, broker_url=settings.broker_url, state_dir=settings.state_dir,
-            burst=burst,
-        )
-    raise typer.Exit(code)
-
-
 # --- role commands, each defined by its role -------------------------------------
 
-_ROLE_COMMANDS = {
-    "master": "master.cli:master",
-    "manager": "manager.cli:manager",
-    "demo": "qcluster.demo:demo",
-    "simulate": "manager.simulator.cli:simulate",
-}
 
+def register_commands() -> None:
+    """Add the commands the roles declare (entry points of ``qcluster.commands`` in this
+    distribution's metadata; read from it alone: 0.3 ms, where scanning every installed
+    distribution took 15-25 ms at each start of every qcluster process).
 
-def _register_roles() -> None:
-    for name, target in _ROLE_COMMANDS.items():
-        module_name, _, attr = target.partition(":")
-        try:
-            if importlib.util.find_spec(module_name) is None:
-                continue
-        except ModuleNotFoundError:  # the role's package itself is not there (yet)
+    Idempotent; a name already registered keeps its first command. Without installed
+    metadata (sources on PYTHONPATH, never installed) only the core's commands exist.
+    """
+    try:
+        points = distribution("qcluster").entry_points.select(group=COMMANDS_GROUP)
+    except PackageNotFoundError:
+        return
+    known = {info.name or getattr(info.callback, "__name__", None)
+             for info in cli.registered_commands}
+    for point in points:
+        if point.name in known:
             continue
-        command: Callable[..., Any] = getattr(importlib.import_module(module_name), attr)
-        cli.command(name)(command)
+        command: Callable[..., Any] = point.load()
+        cli.command(point.name)(command)
+        known.add(point.name)
 
 
 def main() -> None:
-    _register_roles()
+    register_commands()
     cli()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -68,7 +69,8 @@ class Client:
         """
         check_queue_name(queue)
         delay = check_delay(delay)
-        messages = encode_new_jobs(queue, payloads, enqueued_at=time.time(), headers=headers,
+        messages = encode_new_jobs(queue, payloads, enqueued_at=time.time(),
+                                   random_bytes=os.urandom, headers=headers,
                                    max_bytes=self._max_bytes(queue))
         if messages:
             self.broker.publish_many(queue, messages, delay_s=delay)

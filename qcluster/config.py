@@ -8,6 +8,7 @@ nothing is started.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -21,7 +22,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from qcluster.errors import ConfigError
+from qcluster.errors import ConfigError, InvalidQueueName, field_reasons
+from qcluster.names import check_queue_name
 from qcluster.policy import QueuePolicy
 
 DEFAULT_CONFIG_FILE = "qcluster.toml"
@@ -98,6 +100,10 @@ class Settings(BaseSettings):
     def _known_policy_keys(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         allowed = set(QueuePolicy.model_fields)
         for name, overrides in value.items():
+            try:
+                check_queue_name(name)
+            except InvalidQueueName as exc:
+                raise ValueError(f"[queues.{json.dumps(name)}]: {exc}") from None
             unknown = sorted(set(overrides) - allowed)
             if unknown:
                 raise ValueError(
@@ -129,11 +135,8 @@ def _check_overrides(queue: str, overrides: dict[str, Any]) -> None:
     try:
         QueuePolicy.model_validate(overrides)
     except ValidationError as exc:
-        reasons = []
-        for error in exc.errors():
-            where = ".".join(str(p) for p in error.get("loc", ())) or "/".join(sorted(overrides))
-            reasons.append(f"queues.{queue}.{where}: {_reason(error.get('msg', ''))}")
-        raise ValueError("; ".join(reasons)) from None
+        raise ValueError(field_reasons(exc.errors(), prefix=f"queues.{queue}.",
+                                       whole="/".join(sorted(overrides)))) from None
 
 
 def _reason(message: str) -> str:
@@ -174,7 +177,14 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
 
 def _check_toml_syntax(path: Path) -> None:
     try:
-        tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:  # TOML is UTF-8: say where it is not, no traceback
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 (byte {exc.start} is "
+                          f"0x{exc.object[exc.start]:02x})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the configuration: {exc.strerror}") from None
+    try:
+        tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
 

@@ -6,6 +6,9 @@ distinct classes so that loops can decide at one boundary what to do with them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 
 class QClusterError(Exception):
     """Base class of every error qcluster raises on purpose."""
@@ -43,13 +46,17 @@ class AppImportError(QClusterError):
     """The application module named by --app could not be imported."""
 
 
-class HaltProcess(BaseException):
-    """This process must exit with ``code``.
+def field_reasons(errors: Iterable[Mapping[str, Any]], *, prefix: str = "",
+                  whole: str = "policy") -> str:
+    """pydantic's ``ValidationError.errors()`` as one line: ``field: reason; field: reason``.
 
-    A BaseException so that ``except Exception`` in handler code cannot swallow it.
+    ``prefix`` goes before each field (``queues.mail.``); ``whole`` names an error that is
+    about no single field (a model validator's). The ``Value error, `` pydantic puts before
+    a validator's message is dropped.
     """
-
-    def __init__(self, code: int, reason: str = "") -> None:
-        super().__init__(code, reason)
-        self.code = code
-        self.reason = reason
+    reasons = []
+    for error in errors:
+        where = ".".join(str(part) for part in error.get("loc", ())) or whole
+        message = str(error.get("msg", "")).removeprefix("Value error, ")
+        reasons.append(f"{prefix}{where}: {message}")
+    return "; ".join(reasons)

@@ -8,8 +8,9 @@ OK = 0
 FAILURE = 1
 #: Command-line usage error (click's own code).
 USAGE = 2
-#: The process could not boot (e.g. the queue has no handler). The master does not
-#: restart a slot that exits with this code in a loop; it backs off.
+#: The process could not boot (e.g. the queue has no handler). The master counts a slot
+#: that exits with this code (or APP_IMPORT) as a ``boot_error`` restart, backs off, and
+#: after 5 in a row stops forking the queue (fatal, reported in /api/v1/host).
 BOOT_ERROR = 3
 #: The application module could not be imported.
 APP_IMPORT = 4

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,7 +50,7 @@ class Envelope(BaseModel):
     id: str = Field(min_length=1, max_length=200)
     queue: str = Field(min_length=1, max_length=200)
     payload: Any = None
-    enqueued_at: float
+    enqueued_at: float = Field(allow_inf_nan=False)
     """Producer wall-clock time (unix seconds), for display and wait metrics."""
     headers: dict[str, str] = Field(default_factory=dict)
 
@@ -61,10 +60,14 @@ def encode_new_jobs(
     payloads: Iterable[Any],
     *,
     enqueued_at: float,
+    random_bytes: Callable[[int], bytes],
     headers: dict[str, str] | None = None,
     max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> list[tuple[str, bytes]]:
     """``(id, envelope bytes)`` of a new job per payload: an :class:`Envelope` as JSON.
+
+    The clock and the randomness are the caller's (``time.time()``, ``os.urandom``): each
+    id is 16 bytes of ``random_bytes`` in hex, so this module stays pure.
 
     Built without a model per job: the queue and headers are validated once, their JSON is
     shared, and each job adds only its id and its payload's JSON (a model, a JSON check and
@@ -78,7 +81,7 @@ def encode_new_jobs(
     except ValidationError as exc:
         raise EnvelopeError(f"job for queue {queue!r}: {exc.errors()[0].get('msg')}") from exc
     head = shared.model_dump_json(exclude={"id", "payload"})[:-1].encode() + b',"id":"'
-    ids = os.urandom(16 * len(items)).hex()
+    ids = random_bytes(16 * len(items)).hex()
     out = []
     for index, payload in enumerate(items):
         job_id = ids[32 * index : 32 * index + 32]
@@ -117,11 +120,34 @@ def decode_envelope(body: bytes, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) 
         raise EnvelopeError(f"oversized: {len(body)} bytes > {max_bytes}")
     try:
         envelope: Envelope = _validate_envelope_json(body)
-        return envelope
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
         raise EnvelopeError(f"malformed: {where}: {first.get('msg')}") from exc
+    if _has_non_finite(envelope.payload):
+        # pydantic's JSON parser reads NaN, Infinity and numbers past the float range (1e999)
+        # as floats; no producer can send them (allow_nan=False), so neither may a raw message.
+        raise EnvelopeError("malformed: payload: NaN or infinite number (not JSON)")
+    return envelope
+
+
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _has_non_finite(value: Any) -> bool:
+    """A NaN or infinite float anywhere in a decoded JSON value (dicts and lists walked;
+    a plain loop: this runs for every job a slot takes)."""
+    kind = type(value)
+    if kind is float:
+        return not math.isfinite(value)
+    if kind is dict:
+        value = value.values()
+    elif kind is not list:
+        return False
+    for item in value:  # noqa: SIM110 (a loop: no generator frame per job)
+        if type(item) not in _PLAIN and _has_non_finite(item):
+            return True
+    return False
 
 
 @dataclass(slots=True)

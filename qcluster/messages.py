@@ -142,7 +142,9 @@ class HostFacts(_Msg):
     avg_slot_pss_bytes: Bytes
 
 
-SlotState = Literal["starting", "idle", "busy", "stopping", "backoff"]
+SlotState = Literal["starting", "idle", "busy", "stopping"]
+"""A slot's state (master/slots.py moves it); a queue waiting on its restart backoff has no
+slot to show."""
 
 
 class SlotInfo(_Msg):

@@ -69,6 +69,27 @@ def mark_slot_dead(slot_no: int) -> None:
     multiprocess.mark_process_dead(f"slot{slot_no}")
 
 
+#: What the slots write (:func:`slot_metrics`), name -> help.
+JOBS_TOTAL = "qcluster_jobs_total"
+JOB_FAILURES_TOTAL = "qcluster_job_failures_total"
+BATCH_DURATION_SECONDS = "qcluster_batch_duration_seconds"
+BATCH_SIZE = "qcluster_batch_size"
+JOB_WAIT_SECONDS = "qcluster_job_wait_seconds"
+PUBLISHED_JOBS_TOTAL = "qcluster_published_jobs_total"
+SLOT_BUSY = "qcluster_slot_busy"
+SLOT_SELF_PRIVATE_DIRTY_BYTES = "qcluster_slot_self_private_dirty_bytes"
+SLOT_METRICS: dict[str, str] = {
+    JOBS_TOTAL: "Jobs settled, by outcome.",
+    JOB_FAILURES_TOTAL: "Handler exceptions, by type.",
+    BATCH_DURATION_SECONDS: "Handler time per batch.",
+    BATCH_SIZE: "Jobs per batch.",
+    JOB_WAIT_SECONDS: "From activation time to take (broker clock).",
+    PUBLISHED_JOBS_TOTAL: "Jobs published.",
+    SLOT_BUSY: "1 while the slot runs a batch.",
+    SLOT_SELF_PRIVATE_DIRTY_BYTES: "Private_Dirty the slot last read of itself.",
+}
+
+
 @cache
 def slot_metrics() -> Any:
     """The metrics a slot (or a producer) writes. Created on first use, in the slot.
@@ -78,30 +99,24 @@ def slot_metrics() -> Any:
     """
     from prometheus_client import Counter, Gauge, Histogram
 
+    def named(name: str) -> tuple[str, str]:
+        return name, SLOT_METRICS[name]
+
     return SimpleNamespace(
-        jobs=Counter("qcluster_jobs_total", "Jobs settled, by outcome.", ["queue", "outcome"]),
-        failures=Counter(
-            "qcluster_job_failures_total", "Handler exceptions, by type.", ["queue", "exception"]
-        ),
+        jobs=Counter(*named(JOBS_TOTAL), ["queue", "outcome"]),
+        failures=Counter(*named(JOB_FAILURES_TOTAL), ["queue", "exception"]),
         batch_duration=Histogram(
-            "qcluster_batch_duration_seconds", "Handler time per batch.", ["queue"],
-            buckets=DURATION_BUCKETS,
+            *named(BATCH_DURATION_SECONDS), ["queue"], buckets=DURATION_BUCKETS,
         ),
-        batch_size=Histogram(
-            "qcluster_batch_size", "Jobs per batch.", ["queue"], buckets=BATCH_SIZE_BUCKETS
-        ),
-        job_wait=Histogram(
-            "qcluster_job_wait_seconds", "From activation time to take (broker clock).",
-            ["queue"], buckets=DURATION_BUCKETS,
-        ),
-        published=Counter("qcluster_published_jobs_total", "Jobs published.", ["queue"]),
+        batch_size=Histogram(*named(BATCH_SIZE), ["queue"], buckets=BATCH_SIZE_BUCKETS),
+        job_wait=Histogram(*named(JOB_WAIT_SECONDS), ["queue"], buckets=DURATION_BUCKETS),
+        published=Counter(*named(PUBLISHED_JOBS_TOTAL), ["queue"]),
         slot_busy=Gauge(
-            "qcluster_slot_busy", "1 while the slot runs a batch.", ["queue", "slot"],
-            multiprocess_mode="livemostrecent",
+            *named(SLOT_BUSY), ["queue", "slot"], multiprocess_mode="livemostrecent",
         ),
         slot_private_dirty=Gauge(
-            "qcluster_slot_self_private_dirty_bytes", "Private_Dirty the slot last read of itself.",
-            ["queue", "slot"], multiprocess_mode="livemostrecent",
+            *named(SLOT_SELF_PRIVATE_DIRTY_BYTES), ["queue", "slot"],
+            multiprocess_mode="livemostrecent",
         ),
     )
 
@@ -170,27 +185,38 @@ class HistogramTally:
         self.pending = False
 
 
-#: Names the master and the manager export from their own registries (documented here so
-#: dashboards and alert rules have one list to check against).
-MASTER_METRICS = (
-    "qcluster_host_capacity_slots",
-    "qcluster_host_mem_available_bytes",
-    "qcluster_host_pss_total_bytes",
-    "qcluster_slots",  # {queue, state}
-    "qcluster_slot_pss_bytes",  # {slot, queue}
-    "qcluster_slot_private_dirty_bytes",  # {slot, queue}
-    "qcluster_slot_last_seen_timestamp_seconds",  # {slot, queue}
-    "qcluster_slot_restarts_total",  # {queue, reason}
-)
-MANAGER_METRICS = (
-    "qcluster_queue_backlog",  # {queue}
-    "qcluster_queue_locked",
-    "qcluster_queue_delayed",
-    "qcluster_queue_dead",
-    "qcluster_queue_load_ratio",
-    "qcluster_queue_slots_planned",
-    "qcluster_queue_slots_current",
-    "qcluster_hosts_alive",
-    "qcluster_host_up",  # {host}
-    "qcluster_planning_round_seconds",
-)
+# The master's and the manager's own metrics: one definition of each name and its help,
+# which master/http.py and manager/metrics.py export and deploy/ (dashboard, alert rules)
+# is checked against (tests/deploy).
+
+#: The master's gauges and counter, name -> help (labels in the comment).
+MASTER_METRICS_HELP: dict[str, str] = {
+    "qcluster_host_capacity_slots": "Slots this host can run now.",
+    "qcluster_host_mem_available_bytes": "MemAvailable (or the cgroup's free memory).",
+    "qcluster_host_pss_total_bytes": "PSS of the master and its slots.",
+    "qcluster_slots": "Slots by queue and state.",  # {queue, state}
+    "qcluster_slot_pss_bytes": "PSS of each slot.",  # {slot, queue}
+    "qcluster_slot_private_dirty_bytes": "Private_Dirty of each slot.",  # {slot, queue}
+    "qcluster_slot_last_seen_timestamp_seconds":
+        "Last message from each slot (unix time).",  # {slot, queue}
+    "qcluster_slot_restarts_total": "Slot restarts by queue and reason.",  # {queue, reason}
+}
+MASTER_METRICS = tuple(MASTER_METRICS_HELP)
+
+#: The manager's per-queue gauges {queue}: name -> (help, field of the queue's view row).
+MANAGER_QUEUE_GAUGES: dict[str, tuple[str, str]] = {
+    "qcluster_queue_backlog": ("Ready jobs.", "backlog"),
+    "qcluster_queue_locked": ("Jobs taken and not settled.", "locked"),
+    "qcluster_queue_delayed": ("Jobs waiting for their activation time.", "delayed"),
+    "qcluster_queue_dead": ("Dead-lettered jobs.", "dead"),
+    "qcluster_queue_load_ratio": ("Load over the window (1 = 100%).", "load"),
+    "qcluster_queue_slots_planned": ("Slots the manager plans.", "slots_planned"),
+    "qcluster_queue_slots_current": ("Slots running now.", "slots_current"),
+}
+#: The manager's other gauges, name -> help.
+MANAGER_GAUGES: dict[str, str] = {
+    "qcluster_host_up": "1 while the host reports.",  # {host}
+    "qcluster_hosts_alive": "Hosts reporting.",
+    "qcluster_planning_round_seconds": "Last planning round.",
+}
+MANAGER_METRICS = (*MANAGER_QUEUE_GAUGES, *MANAGER_GAUGES)

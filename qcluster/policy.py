@@ -2,7 +2,7 @@
 
 The field names are the public API: the same keywords work in ``@app.queue(...)``
 and as keys of ``[queues.NAME]`` in ``qcluster.toml``. Durations are float seconds,
-memory is MiB.
+memory is MiB, counts are whole numbers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ DEFAULT_BATCH_TIMEOUT = 30.0
 #: or a second slot could take the job while the first still runs it.
 MIN_KILL_MARGIN_S = 1.0
 KILL_MARGIN_FRACTION = 0.1
+#: Dead-letter retention: the defaults (what every queue had before they were per queue)
+#: and the largest values accepted.
+DEFAULT_DEAD_MAX_COUNT = 10_000
+DEFAULT_DEAD_MAX_AGE = 14 * 86_400.0
+MAX_DEAD_COUNT = 1_000_000
+MAX_DEAD_AGE_S = 365 * 86_400.0
+MIN_DEAD_AGE_S = 1.0
 #: A derived pair sits exactly on the rule: let float rounding not refuse it.
 FLOAT_SLACK = 1e-9
 
@@ -81,6 +88,11 @@ class QueuePolicy(BaseModel):
     """Assumed job time before any job of the queue has been measured."""
     max_message_bytes: int = Field(1 << 20, ge=64, le=1 << 30)
     """Bigger messages are refused on publish and dead-lettered on take."""
+    dead_max_count: int = Field(DEFAULT_DEAD_MAX_COUNT, ge=1, le=MAX_DEAD_COUNT)
+    """Dead letters kept for the queue (1 to 1,000,000); past it the oldest are deleted
+    when another job of the queue is dead-lettered."""
+    dead_max_age: float = Field(DEFAULT_DEAD_MAX_AGE, ge=MIN_DEAD_AGE_S, le=MAX_DEAD_AGE_S)
+    """Seconds a dead letter is kept (1 s to 365 days; default 14 days)."""
 
     @model_validator(mode="before")
     @classmethod

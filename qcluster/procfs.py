@@ -10,6 +10,7 @@ slow fallback (one entry per mapping).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 _FIELDS = {
@@ -66,3 +67,10 @@ def _process_exists(pid: int | str) -> bool:
             return True
     except OSError:
         return False
+
+
+def total_pss_bytes(master_pss_bytes: int, slot_pss_bytes: Iterable[int]) -> int:
+    """What a master and its slots use together: their PSS summed (each shared page is
+    divided among the processes mapping it, so nothing is counted twice). The one place
+    the host's total is computed (capacity, /metrics, /api/v1/host, the host report)."""
+    return master_pss_bytes + sum(slot_pss_bytes)

@@ -37,7 +37,7 @@ from qcluster.messages import (
     StopSlot,
     SwitchQueue,
 )
-from slot.settle import settle_batch
+from qcluster.slot.settle import dead_retention, settle_batch
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,13 @@ class SlotRunner:
     ) -> None:
         self.app = app
         self.spec: QueueSpec = app.spec(queue)
+        self._retention = dead_retention(self.spec.policy)
+        """Passed with every settlement: the broker applies it to the queue's dead letters."""
         self.broker = broker
         self.channel = channel
+        # While a broker call waits for the broker to come back (RabbitMQ reconnects through
+        # a dead link for up to a minute), the master still hears from this slot.
+        broker.on_wait = self._waiting_for_broker
         self.slot_label = str(slot_no if slot_no is not None else os.getpid())
         self.burst = burst
         self.should_stop = False
@@ -122,10 +127,12 @@ class SlotRunner:
                 worked = self.step(defer_settle=True)
             except BrokerError as exc:
                 logger.warning("slot %s: broker error on %s: %s", self.slot_label, self.queue, exc)
+                self._heartbeat(idle=True)  # waiting for the broker is not hung
                 time.sleep(BROKER_ERROR_PAUSE_S)
                 continue
             except Exception:  # a slot must never die of one bad job or reply
                 logger.exception("slot %s: unexpected error on %s", self.slot_label, self.queue)
+                self._heartbeat(idle=True)
                 time.sleep(BROKER_ERROR_PAUSE_S)
                 continue
             if not worked and self.burst:
@@ -165,7 +172,7 @@ class SlotRunner:
         if self._one_at_a_time:
             deliveries = self._one_suspect(deliveries)
         taken = time.monotonic()
-        settlement = Settlement()
+        settlement = Settlement(retention=self._retention)
         size = policy.batch_size
         for start in range(0, len(deliveries), size):
             if start and not self._may_run_more(taken):
@@ -244,12 +251,6 @@ class SlotRunner:
 
     # --- one batch -----------------------------------------------------------
 
-    def process(self, deliveries: Sequence[Delivery]) -> BatchCounters:
-        """Run one batch and settle it."""
-        settlement, counters = self._run_batch(deliveries)
-        self.broker.settle(self.queue, settlement)
-        return counters
-
     def _run_batch(self, deliveries: Sequence[Delivery]) -> tuple[Settlement, BatchCounters]:
         jobs, rejected, malformed = self._decode(deliveries)
         busy_s = self._run_handler(jobs) if jobs else 0.0
@@ -318,6 +319,9 @@ class SlotRunner:
             self.channel.send(message)
             self._last_sent = time.monotonic()
 
+    def _waiting_for_broker(self) -> None:
+        self._heartbeat(idle=True)
+
     def _heartbeat(self, *, idle: bool) -> None:
         if self.channel is not None and time.monotonic() - self._last_sent >= HEARTBEAT_INTERVAL_S:
             self._send(Heartbeat(queue=self.queue, idle=idle))
@@ -332,6 +336,7 @@ class SlotRunner:
                 self._flush()  # outcomes belong to the old queue
                 self._leave(self.queue)  # and its read-ahead jobs go back, unstarted
                 self.spec = self.app.spec(command.queue)
+                self._retention = dead_retention(self.spec.policy)
                 logger.info("slot %s: switched to %s", self.slot_label, command.queue)
         if self.channel.closed:
             self.should_stop = True  # the master is gone: never run unsupervised

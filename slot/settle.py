@@ -9,10 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from qcluster.backoff import compute_backoff
-from qcluster.broker.base import Settlement
+from qcluster.broker.base import DeadRetention, Settlement
 from qcluster.job import Delivery, Job
 from qcluster.messages import BatchCounters
 from qcluster.policy import QueuePolicy
+
+
+def dead_retention(policy: QueuePolicy) -> DeadRetention:
+    """The queue's dead-letter retention, passed to the broker with each settlement."""
+    return DeadRetention(policy.dead_max_count, policy.dead_max_age)
 
 
 def settle_batch(
@@ -34,7 +39,7 @@ def settle_batch(
         malformed: how many of ``rejected`` were not valid envelopes (for the counter).
         rand: a float in [0, 1) for backoff jitter.
     """
-    settlement = Settlement(dead=list(rejected))
+    settlement = Settlement(dead=list(rejected), retention=dead_retention(policy))
     done = retried = failed = 0
     for job in jobs:
         assert job.delivery is not None

@@ -40,6 +40,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive free ports (the demo listens on PORT, PORT+1, ...)."""
+    while True:
+        first = free_port()
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(first + 1, first + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it when the process that started it dies, so that a
     killed test session or bench leaves no server behind (Linux prctl PR_SET_PDEATHSIG)."""

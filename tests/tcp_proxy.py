@@ -2,26 +2,38 @@
 
 A blackholed link is what a dead network path looks like to both ends (a cable pulled,
 a firewall dropping packets, a NAT entry expired): nothing arrives and nothing fails.
+It can also reset every link (each end gets a TCP RST, as from a middlebox that dropped
+its state) and delay everything it forwards (a slow path: latency, in order).
 """
 
 from __future__ import annotations
 
 import selectors
 import socket
+import struct
 import threading
+import time
+from collections import deque
 from contextlib import suppress
 
 
 class TcpProxy:
     """Forwards ``127.0.0.1:port`` to ``target``; ``blackhole()`` silences every link,
-    including ones opened afterwards, until ``restore()``."""
+    including ones opened afterwards, until ``restore()``; ``reset()`` aborts every open
+    link with an RST; ``set_latency(s)`` delays each chunk forwarded from then on by ``s``
+    seconds (0 to stop; ``restore()`` also ends it)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._blackholed = threading.Event()
+        self._reset = threading.Event()
         self._stopped = threading.Event()
+        self._latency_s = 0.0
+        #: Chunks held back by the latency: (due monotonic time, destination, data).
+        self._pending: deque[tuple[float, socket.socket, bytes]] = deque()
+        self.resets = 0
         self._links: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="tcp-proxy", daemon=True)
@@ -32,6 +44,18 @@ class TcpProxy:
 
     def restore(self) -> None:
         self._blackholed.clear()
+        self._latency_s = 0.0
+
+    def reset(self, timeout_s: float = 10.0) -> None:
+        """Abort every open link (both ends get an RST); returns once it is done. New
+        connections are forwarded as usual."""
+        self._reset.set()
+        deadline = time.monotonic() + timeout_s
+        while self._reset.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def set_latency(self, seconds: float) -> None:
+        self._latency_s = max(0.0, seconds)
 
     def close(self) -> None:
         self._stopped.set()
@@ -53,7 +77,13 @@ class TcpProxy:
         selector.register(self._listener, selectors.EVENT_READ, None)
         peers: dict[socket.socket, socket.socket] = {}
         while not self._stopped.is_set():
-            for key, _ in selector.select(timeout=0.05):
+            if self._reset.is_set():
+                self._abort_all(selector, peers)
+                self._reset.clear()
+            timeout = 0.05
+            if self._pending:
+                timeout = min(timeout, max(0.0, self._pending[0][0] - time.monotonic()))
+            for key, _ in selector.select(timeout=timeout):
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
                 if sock is self._listener:
@@ -72,7 +102,31 @@ class TcpProxy:
                     self._drop(selector, peers, sock)
                 else:
                     self._forward(selector, peers, sock)
+            self._send_due()
         selector.close()
+
+    def _send_due(self) -> None:
+        now = time.monotonic()
+        while self._pending and self._pending[0][0] <= now:
+            _due, destination, data = self._pending.popleft()
+            with suppress(OSError):  # the link closed meanwhile
+                destination.sendall(data)
+
+    def _abort_all(
+        self, selector: selectors.BaseSelector, peers: dict[socket.socket, socket.socket],
+    ) -> None:
+        """SO_LINGER 0 then close: the kernel sends an RST instead of a FIN."""
+        for sock in list(peers):
+            with suppress(KeyError, ValueError):
+                selector.unregister(sock)
+            with suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        peers.clear()
+        self._pending.clear()
+        with self._lock:
+            self._links.clear()
+        self.resets += 1
 
     @staticmethod
     def _drop(
@@ -95,16 +149,18 @@ class TcpProxy:
                 selector.unregister(other)
         sock.close()
 
-    @staticmethod
     def _forward(
-        selector: selectors.BaseSelector, peers: dict[socket.socket, socket.socket],
+        self, selector: selectors.BaseSelector, peers: dict[socket.socket, socket.socket],
         sock: socket.socket,
     ) -> None:
         other = peers[sock]
         try:
             data = sock.recv(65536)
             if data:
-                other.sendall(data)
+                if self._latency_s > 0 or self._pending:  # in order behind held chunks
+                    self._pending.append((time.monotonic() + self._latency_s, other, data))
+                else:
+                    other.sendall(data)
                 return
         except OSError:
             pass

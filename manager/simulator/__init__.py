@@ -6,7 +6,7 @@ return, and each policy (``qcluster``, ``hpa``, ``static``) is judged on the sam
 See docs/simulator.md.
 """
 
-from manager.simulator.engine import SimulationResult, simulate
-from manager.simulator.trace import Trace, TraceError, load_trace
+from qcluster.manager.simulator.engine import SimulationResult, simulate
+from qcluster.manager.simulator.trace import Trace, TraceError, load_trace
 
 __all__ = ["SimulationResult", "Trace", "TraceError", "load_trace", "simulate"]

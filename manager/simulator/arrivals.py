@@ -6,7 +6,7 @@ import math
 import random
 from bisect import bisect_right
 
-from manager.simulator.trace import JobTime, QueueSpec
+from qcluster.manager.simulator.trace import JobTime, QueueSpec
 
 #: Above this mean a Poisson count is drawn from its normal approximation (fast, close).
 POISSON_NORMAL_ABOVE = 50.0

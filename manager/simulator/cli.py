@@ -8,10 +8,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from manager.simulator.engine import simulate as run_simulation
-from manager.simulator.policies import POLICIES
-from manager.simulator.report import print_table, to_html, to_json
-from manager.simulator.trace import TraceError, load_trace
+from qcluster.manager.simulator.engine import simulate as run_simulation
+from qcluster.manager.simulator.policies import POLICIES
+from qcluster.manager.simulator.report import print_table, to_html, to_json
+from qcluster.manager.simulator.trace import TraceError, load_trace
 
 err = Console(stderr=True)
 

@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 import zlib
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from manager.placement import place
-from manager.planning import QueueInput, QueueWindow
-from manager.simulator.arrivals import Arrivals, JobTimes
-from manager.simulator.policies import POLICIES, Policy, QclusterPolicy, make_policy
-from manager.simulator.trace import Trace
+from qcluster.manager.arrivals import ArrivalCount, ArrivalLedger
+from qcluster.manager.placement import place
+from qcluster.manager.planning import QueueInput, QueueWindow
+from qcluster.manager.simulator.arrivals import Arrivals, JobTimes
+from qcluster.manager.simulator.policies import POLICIES, Policy, QclusterPolicy, make_policy
+from qcluster.manager.simulator.trace import Trace
 from qcluster.policy import QueuePolicy
 
 #: Charts keep at most this many points per series (longer runs are summarised in chunks).
@@ -97,6 +99,8 @@ class QueueSim:
     waits: Counter[int] = field(default_factory=Counter)
     active: int = 0
     starting: int = 0
+    draining: int = 0
+    """Stopped slots finishing what they started (on live hosts)."""
     existing: int = 0
     """Slots that take capacity: active, starting and draining, on live hosts."""
     # per round, for the manager's window
@@ -104,6 +108,9 @@ class QueueSim:
     round_busy: float = 0.0
     round_alive: float = 0.0
     window: deque[tuple[int, float, float]] = field(default_factory=deque)
+    settled: deque[tuple[float, int]] = field(default_factory=deque)
+    """(time, jobs finished by then) at each step's end, for the reports' lag."""
+    ledger: ArrivalLedger = field(default_factory=ArrivalLedger)
     win_processed: int = 0
     win_busy: float = 0.0
     win_alive: float = 0.0
@@ -154,7 +161,7 @@ class SimulationResult:
 
 class Simulation:
     def __init__(self, trace: Trace, policy: Policy, seed: int) -> None:
-        self.trace, self.policy = trace, policy
+        self.trace, self.policy, self.seed = trace, policy, seed
         self.steps = max(1, round(trace.interval_s / trace.step_s))
         self.dt = trace.interval_s / self.steps
         self.hosts = {
@@ -177,6 +184,9 @@ class Simulation:
         self.placed_for: Any = None
         self.pending: tuple[float, dict[str, dict[str, int]]] | None = None
         self.window_rounds = max(1, round(trace.window_s / trace.interval_s))
+        #: Steps of finished counts kept: the reports' lag and jitter, two report intervals.
+        self.settled_kept = math.ceil((trace.report_lag_s + trace.report_jitter_s
+                                       + 2 * trace.interval_s) / self.dt) + 2
         self.detect_s = trace.host_expiry_intervals * trace.interval_s
         self.rounds = math.ceil(trace.duration_s / trace.interval_s - EPS)
         self.chunk = max(1, math.ceil(self.rounds / MAX_POINTS))
@@ -200,22 +210,57 @@ class Simulation:
             # host's are gone at once here; the manager would count them until expiry).
             current = q.active + q.starting
             span = min(len(q.window), self.window_rounds) * self.trace.interval_s
+            arrived = self.reported_arrivals(q, now)
             window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
-                                 span_s=span, recent_s=self.trace.interval_s if q.window else 0,
-                                 recent_processed=self.reported_done(q))
+                                 span_s=span,
+                                 recent_s=self.trace.interval_s if arrived is not None else 0,
+                                 recent_arrived=arrived.jobs if arrived is not None else 0,
+                                 recent_margin=arrived.margin if arrived is not None else 0.0)
             servable = everything or name in served
             out.append(QueueInput(name, q.policy, current, window, servable=servable,
                                   previous=previous.get(name)))
         return out
 
-    def reported_done(self, q: QueueSim) -> int:
-        """Jobs done per round as the manager knows them: from reports ``report_lag_s``
-        old, so partly the round before the last."""
-        if not q.window:
-            return 0
-        lag = min(self.trace.report_lag_s / self.trace.interval_s, 1.0)
-        before = q.window[-2][0] if len(q.window) > 1 else q.window[-1][0]
-        return round((1 - lag) * q.window[-1][0] + lag * before)
+    def report_time(self, j: int) -> float:
+        """When the masters' ``j``-th report was sent: every interval, ``report_lag_s``
+        before a round, ``report_jitter_s`` early or late (drawn from the seed)."""
+        interval = self.trace.interval_s
+        at = j * interval - self.trace.report_lag_s
+        jitter = min(self.trace.report_jitter_s, 0.49 * interval)
+        if jitter:
+            at += random.Random(_seed(self.seed, "report", str(j))).uniform(-jitter, jitter)
+        return at
+
+    def finished_by(self, q: QueueSim, at: float) -> int:
+        """The queue's jobs finished by ``at`` (linear within a step: the simulation
+        finishes a step's jobs together)."""
+        before = (-math.inf, 0)
+        for when, count in q.settled:
+            if when >= at - EPS:
+                if when - before[0] > EPS and before[0] > -math.inf:
+                    share = (at - before[0]) / (when - before[0])
+                    return before[1] + math.floor(share * (count - before[1]) + EPS)
+                return count if when <= at + EPS else before[1]
+            before = (when, count)
+        return before[1]
+
+    def reported_arrivals(self, q: QueueSim, now: float) -> ArrivalCount | None:
+        """Jobs arrived since the previous round as the manager counts them
+        (``manager.arrivals``): the jobs in the broker now (waiting, or started and not
+        finished) and the jobs finished as the masters' latest report tells them, complete
+        up to when it was sent (``report_lag_s`` before the round, give or take
+        ``report_jitter_s``); the jobs finished since, estimated from its rate, make the
+        count's margin."""
+        j = math.floor((now + self.trace.report_lag_s) / self.trace.interval_s) + 1
+        while j > 0 and self.report_time(j) > now + EPS:
+            j -= 1
+        if j <= 0:
+            return q.ledger.count(q.backlog + q.started - q.finished, 0, 0.0)
+        sent, before = self.report_time(j), max(0.0, self.report_time(j - 1))
+        reported = self.finished_by(q, sent)
+        rate = (reported - self.finished_by(q, before)) / max(sent - before, EPS)
+        return q.ledger.count(q.backlog + q.started - q.finished, reported,
+                              rate * (now - sent))
 
     def plan_round(self, index: int, now: float) -> None:
         seen = self.believed_alive(now)
@@ -262,6 +307,7 @@ class Simulation:
                     slots.active -= 1
                     slots.draining += 1
                     q.active -= 1
+                    q.draining += 1
                     self.push(now + self.trace.slot_drain_s, "drained", host, name)
                 q.stops += 1
                 q.move_times.append(now)
@@ -295,9 +341,15 @@ class Simulation:
                 self.queues[name].active += 1
                 self.queues[name].starting -= 1
             else:
+                q = self.queues[name]
+                if not q.active and q.assigned - q.done_work > EPS:
+                    # The queue's last slots: a stopped slot finishes its batch first.
+                    self.push(now + self.dt, "drained", host, name)
+                    continue
                 slots.draining -= 1
+                q.draining -= 1
                 host.used -= 1
-                self.queues[name].existing -= 1
+                q.existing -= 1
                 touched.add(host_name)
         for host_name in sorted(touched):  # room freed: starts that waited for it
             self.reconcile(self.hosts[host_name], now)
@@ -313,6 +365,10 @@ class Simulation:
             elif event.event == "return" and not host.alive:
                 host.alive = True
                 host.capacity = event.slots if event.slots is not None else host.capacity
+                # Its first report gets its row of the current map (empty if the manager
+                # noticed the death and placed its slots elsewhere).
+                host.row = dict(self.slot_map.get(host.name, {}))
+                self.reconcile(host, now)
             elif event.event == "capacity":
                 host.capacity = event.slots or 0
                 self.reconcile(host, now)
@@ -322,6 +378,7 @@ class Simulation:
             q = self.queues[name]
             q.active -= slots.active
             q.starting -= slots.starting
+            q.draining -= slots.draining
             q.existing -= slots.active + slots.starting + slots.draining
         host.slots, host.row, host.alive, host.died_at, host.used = {}, {}, False, now, 0
         host.epoch += 1
@@ -347,7 +404,12 @@ class Simulation:
             q.arrived += arriving
         budget = q.active * dt
         owed = q.assigned - q.done_work
-        if owed > EPS and budget > 0:
+        if owed > EPS and not q.active and q.draining:
+            # Only stopped slots left: they finish the jobs they hold, and take no more.
+            paid = min(q.draining * dt, owed)
+            q.done_work += paid
+            q.round_busy += paid
+        elif owed > EPS and budget > 0:
             paid = min(budget, owed)
             q.done_work += paid
             budget -= paid
@@ -365,6 +427,9 @@ class Simulation:
         while q.inflight and q.inflight[0][0] <= q.done_work + EPS:
             q.finished += q.inflight[0][1]
             q.round_processed += q.inflight.popleft()[1]
+        q.settled.append((now + dt, q.finished))
+        while len(q.settled) > self.settled_kept:
+            q.settled.popleft()
         q.round_busy += q.active * dt - budget
         q.round_alive += q.existing * dt
         q.slot_seconds += q.existing * dt

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from manager.simulator.engine import PolicyRun, QueueSim, SimulationResult
+from qcluster.manager.simulator.engine import PolicyRun, QueueSim, SimulationResult
 
 #: After a host dies, a queue's recovery is looked for within this many seconds.
 RECOVERY_HORIZON_S = 600.0

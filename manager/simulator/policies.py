@@ -11,8 +11,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from manager.planning import QueueInput, QueuePlan, plan, share_capacity
-from manager.simulator.trace import Trace
+from qcluster.manager.planning import QueueInput, QueuePlan, plan, share_capacity
+from qcluster.manager.simulator.trace import Trace
 
 POLICIES = ("qcluster", "hpa", "static")
 
@@ -132,7 +132,7 @@ class StaticPolicy:
 
     def __init__(self, trace: Trace) -> None:
         self.plans: dict[str, QueuePlan] = {}
-        from manager.simulator.arrivals import peak_rate
+        from qcluster.manager.simulator.arrivals import peak_rate
 
         self.fixed: dict[str, int] = {}
         for name, spec in trace.queues.items():

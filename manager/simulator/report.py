@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from manager.simulator.engine import SimulationResult
-from manager.simulator.figures import figures
+from qcluster.manager.simulator.engine import SimulationResult
+from qcluster.manager.simulator.figures import figures
 
 COLUMNS = [
     ("wait_p50_s", "p50 wait s"), ("wait_p99_s", "p99 wait s"), ("wait_max_s", "max wait s"),

@@ -97,8 +97,12 @@ class Trace(_Strict):
     slot_drain_s: float = Field(default=0.5, ge=0)
     """Seconds a stopped slot keeps its place while it finishes its batch."""
     report_lag_s: float = Field(default=1.0, ge=0)
-    """How old the masters' counts are when a round reads them (they report every interval,
-    each on its own phase: half an interval on average)."""
+    """How old the masters' latest reports are when a round reads them: the jobs they
+    finished are known up to then (masters report every interval, each on its own phase:
+    half an interval on average), the jobs in the broker up to the round."""
+    report_jitter_s: float = Field(default=0.0, ge=0)
+    """Each report is this much early or late at most (uniform, from the seed; capped just
+    under half an interval, so reports keep their order): a busy host's."""
     assign_delay_s: float = Field(default=1.0, ge=0)
     """Seconds from a plan to the hosts acting on it (their next report)."""
     hosts: dict[str, HostSpec] = Field(min_length=1)

@@ -63,11 +63,17 @@ class ReadAheadTCPTransport(TCPTransport):
     long ends with ConnectionAbortedError (reads with a timeout are left alone)."""
 
     silence_limit_s: float | None = None
+    _pending = b""
+    """Received, not yet parsed."""
+    _offset = 0
+    """Where the unparsed part of _pending starts."""
 
-    def _setup_transport(self) -> None:
-        super()._setup_transport()
-        self._pending = b""  # received, not yet parsed
-        self._offset = 0  # where the unparsed part of _pending starts
+    def connect(self) -> None:
+        # A new socket: nothing of an earlier one is pending. (py-amqp sends the protocol
+        # header inside connect; the broker's first frame is read afterwards.)
+        if not self.connected:
+            self._pending, self._offset = b"", 0
+        super().connect()
 
     def _fill(self, need: int) -> None:
         """Make at least ``need`` unparsed bytes available."""
@@ -75,7 +81,7 @@ class ReadAheadTCPTransport(TCPTransport):
             if self.silence_limit_s and self.sock.gettimeout() is None:
                 self._await_data(self.silence_limit_s)
             try:
-                data = self._quick_recv(max(CHUNK, need))
+                data = self.sock.recv(max(CHUNK, need))
             except OSError as exc:
                 if exc.errno not in _RETRY:
                     raise

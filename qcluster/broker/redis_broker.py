@@ -15,16 +15,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from qcluster.broker.base import Broker, DeadJob, QueueStats, Settlement
+from qcluster.broker.base import (
+    Broker,
+    DeadJob,
+    DeadRetention,
+    QueueStats,
+    Settlement,
+    mask_url,
+)
 from qcluster.errors import BrokerError, BrokerUnavailable, ConfigError
 from qcluster.job import JSON_CONTENT_TYPE, MAX_DELAY_S, Delivery
 from qcluster.names import check_queue_name
+from qcluster.policy import DEFAULT_DEAD_MAX_AGE, DEFAULT_DEAD_MAX_COUNT
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +47,6 @@ SOCKET_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 #: Seconds idle after which a pooled connection is pinged before its next use.
 HEALTH_CHECK_INTERVAL_S = 10
-#: Dead-letter retention per queue, applied when jobs are dead-lettered (settle.lua).
-DEAD_MAX_COUNT = 10_000
-DEAD_MAX_AGE_S = 14 * 24 * 3600
 #: Eviction policies that may delete keys, hence jobs: refused at connect.
 EVICTING_POLICIES = frozenset({
     "allkeys-lru", "allkeys-lfu", "allkeys-random",
@@ -61,14 +65,6 @@ def _keys(queue: str) -> dict[str, str]:
     }
 
 
-def mask_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":**@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
 def _load_script(name: str) -> str:
     return resources.files("qcluster.broker").joinpath("lua", f"{name}.lua").read_text()
 
@@ -77,17 +73,22 @@ class RedisBroker(Broker):
     """Queue server on Redis >= 5 (redis://, rediss://, redis+socket://, unix://)."""
 
     def __init__(
-        self, client: redis.Redis, *, safe_url: str, dead_max_count: int = DEAD_MAX_COUNT,
-        dead_max_age_s: float = DEAD_MAX_AGE_S,
+        self, client: redis.Redis, *, safe_url: str,
+        dead_max_count: int = DEFAULT_DEAD_MAX_COUNT,
+        dead_max_age_s: float = DEFAULT_DEAD_MAX_AGE,
     ) -> None:
+        """``dead_max_count``/``dead_max_age_s``: dead-letter retention for a settle
+        whose ``retention`` is None (a slot passes its queue's policy)."""
         self.client = client
         self.safe_url = safe_url
-        self._retention = [dead_max_count, round(dead_max_age_s * 1000)]
+        self._retention = DeadRetention(dead_max_count, dead_max_age_s)
         self._scripts = {
             name: client.register_script(_load_script(name))
             for name in ("take", "settle", "publish", "stats", "requeue_dead", "purge")
         }
         self._scripts["settle_take"] = client.register_script(_settle_take_script())
+        self._durability_pending = False
+        """check_durability could not reach the server: check before the next call."""
 
     @classmethod
     def from_url(cls, url: str, *, retries: int = 5) -> RedisBroker:
@@ -155,15 +156,18 @@ class RedisBroker(Broker):
         return notes
 
     def check_durability(self) -> None:
-        """At connect: refuse an evicting server, warn once per process about the rest."""
+        """At connect: refuse an evicting server, warn once per process about the rest.
+
+        A server that does not answer yet is checked before the first call that reaches
+        it (see _run), and before every call while it evicts (so that setting
+        ``maxmemory-policy noeviction`` lets the process go on without a restart)."""
         try:
             notes = self.durability()
         except BrokerUnavailable:
-            return  # said again, clearly, by the first real call
-        for note in notes:
-            if note not in _warned_durability:
-                _warned_durability.add(note)
-                logger.warning("%s", note)
+            self._durability_pending = True  # said again, clearly, by the first real call
+            return
+        self._durability_pending = False
+        _warn_once(notes)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -175,8 +179,19 @@ class RedisBroker(Broker):
             raise BrokerError(f"Redis at {self.safe_url}: {exc}") from exc
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        if self._durability_pending:
+            self._check_durability_late()
         with self._errors():
             return self._scripts[script](keys=keys, args=args)
+
+    def _check_durability_late(self) -> None:
+        """The connect-time check for a server that was down at connect: an evicting one
+        is refused (ConfigError, again at every call until it stops evicting) before
+        anything is taken or stored; a server still down raises BrokerUnavailable, as
+        the call itself would have."""
+        notes = self.durability()
+        self._durability_pending = False
+        _warn_once(notes)
 
     # --- producing ------------------------------------------------------------
 
@@ -311,8 +326,9 @@ class RedisBroker(Broker):
 
 
     def _settle_args(self, settlement: Settlement) -> list[Any]:
+        retention = settlement.retention or self._retention
         args: list[Any] = [len(settlement.ack), len(settlement.postpone), len(settlement.dead),
-                           len(settlement.release), *self._retention]
+                           len(settlement.release), retention.max_count, retention.max_age_ms]
         args += [d.id for d in settlement.ack]
         for delivery, delay_s in settlement.postpone:
             args += (_wire_id(delivery.id), delivery.receipt, _delay_ms(delay_s))
@@ -321,6 +337,14 @@ class RedisBroker(Broker):
         for delivery in settlement.release:
             args += (_wire_id(delivery.id), delivery.receipt, _activate_ms(delivery.activate_at))
         return args
+
+
+def _warn_once(notes: list[str]) -> None:
+    """Log each durability note once per process."""
+    for note in notes:
+        if note not in _warned_durability:
+            _warned_durability.add(note)
+            logger.warning("%s", note)
 
 
 def _settle_keys(queue: str) -> list[str]:

@@ -12,7 +12,7 @@ import uvicorn
 from fastapi import FastAPI
 from playwright.sync_api import Browser, Page
 
-from admin_ui.router import install
+from qcluster.admin_ui.router import install
 from qcluster.broker import open_broker
 from qcluster.client import Client
 from tests.browser.fake_source import FakeSource

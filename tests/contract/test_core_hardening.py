@@ -19,7 +19,7 @@ from qcluster.broker.embedded import redis_server_binary
 from qcluster.broker.redis_broker import RedisBroker
 from qcluster.errors import ConfigError, InvalidDelay, InvalidQueueName
 from qcluster.job import Delivery, Envelope
-from slot.runtime import SlotRunner
+from qcluster.slot.runtime import SlotRunner
 from tests.conftest import QCLUSTER, free_port, qcluster_env, start_qcluster, wait_until
 
 

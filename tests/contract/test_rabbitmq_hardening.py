@@ -21,7 +21,7 @@ from qcluster.broker import Settlement, open_broker
 from qcluster.broker.kombu_broker import KombuBroker, dead_queue_name, queue_exchange
 from qcluster.errors import BrokerError
 from qcluster.job import Delivery
-from slot.runtime import SlotRunner
+from qcluster.slot.runtime import SlotRunner
 from tests.conftest import start_qcluster, wait_until
 from tests.tcp_proxy import TcpProxy
 

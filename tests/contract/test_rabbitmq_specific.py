@@ -10,7 +10,7 @@ from kombu import Connection, Producer
 from qcluster import App, Client, Job
 from qcluster.broker import open_broker
 from qcluster.broker.kombu_broker import KombuBroker, queue_exchange
-from slot.runtime import SlotRunner
+from qcluster.slot.runtime import SlotRunner
 from tests.conftest import free_port, rabbitmqctl, wait_until
 
 

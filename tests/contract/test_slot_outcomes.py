@@ -11,7 +11,7 @@ import pytest
 
 from qcluster import App, Client, Job
 from qcluster.broker import open_broker
-from slot.runtime import SlotRunner
+from qcluster.slot.runtime import SlotRunner
 from tests.conftest import wait_until
 
 

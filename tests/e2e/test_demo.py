@@ -8,11 +8,12 @@ import subprocess
 import threading
 from pathlib import Path
 
-from tests.conftest import QCLUSTER, ROOT, free_port, qcluster_env, wait_until
+from tests.brokers import free_port_run
+from tests.conftest import QCLUSTER, ROOT, qcluster_env, wait_until
 
 
 def test_demo_runs_a_cluster_and_stops_cleanly(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_port_run(3)  # the manager, then one port per master
     demo = subprocess.Popen(
         [*QCLUSTER, "demo", "--port", str(port), "--state-dir", str(tmp_path / "state")],
         cwd=ROOT, env=qcluster_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -36,6 +37,10 @@ def test_demo_runs_a_cluster_and_stops_cleanly(tmp_path: Path) -> None:
 
     try:
         wait_until(cluster_running, timeout_s=150, message="both masters reporting, slots up")
+    except AssertionError as waited:
+        logs = "".join(f"\n--- {log.name}\n{log.read_text()[-3000:]}"
+                       for log in sorted((tmp_path / "state").rglob("*.log")))
+        raise AssertionError(f"{waited}\n--- demo output\n{''.join(lines)[-3000:]}{logs}") from None
     finally:
         demo.send_signal(signal.SIGTERM)  # the demo stops on it as on Ctrl-C
         demo.wait(timeout=90)

@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from manager.recorder import RecordHeader, RecordRound, read_recording
 from qcluster.demo import RECORDING, RESIZE_EDGE_S
-from tests.conftest import QCLUSTER, ROOT, free_port, qcluster_env
+from qcluster.manager.recorder import RecordHeader, RecordRound, read_recording
+from tests.brokers import free_port_run
+from tests.conftest import QCLUSTER, ROOT, qcluster_env
 
 DEMO_S = 180
 MAX_MOVES_PER_EDGE = 2
@@ -89,7 +90,7 @@ def table(moves: list[Move], started_at: float) -> str:
 @pytest.mark.timeout(DEMO_S + 240)
 def test_demo_resize_plan_moves_at_most_twice_per_load_edge(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
-    demo = Demo(state_dir, free_port())
+    demo = Demo(state_dir, free_port_run(3))  # the manager, then one port per master
     try:
         code = demo.poll_decisions_until_exit()
     finally:

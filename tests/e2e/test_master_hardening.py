@@ -112,3 +112,43 @@ def test_master_keeps_a_users_file_in_the_metrics_directory(
     start_master(procs, redis_url, f"{prefix}-work=1")
     assert (metrics_dir / "notes.txt").read_text() == "mine"
     assert not (metrics_dir / "counter_slot7.db").exists()
+
+
+def test_a_redis_that_evicts_is_refused_at_start(tmp_path: Path) -> None:
+    """As slot, enqueue and manager do: exit 6 with one line, nothing forked. Before, the
+    master ran on: each slot died of the refusal (exit 3) until the queue was fatal.
+    (Chaos row F11, reported by N.) Regression: failed on the code before (no exit)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _answers(port), timeout_s=10, message="redis-server up")
+        result = subprocess.run(
+            [sys.executable, "-m", "qcluster", "master", "--app", "tests.apps.master_apps",
+             "--slots", "m-work=1", "--broker", f"redis://127.0.0.1:{port}/0",
+             "--listen", f"127.0.0.1:{free_port()}", "--host-name", "t", "--no-metrics"],
+            capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    finally:
+        server.terminate()
+        server.wait()
+    assert result.returncode == 6, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "allkeys-lru" in errors[0], result.stderr
+    assert "started on" not in result.stderr and "Traceback" not in result.stderr
+
+
+def _answers(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False

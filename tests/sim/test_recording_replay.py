@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from manager.recorder import Recorder
-from manager.simulator import TraceError, load_trace
 from qcluster.broker.base import QueueStats
+from qcluster.manager.recorder import Recorder
+from qcluster.manager.simulator import TraceError, load_trace
 from qcluster.policy import QueuePolicy
 from tests.unit.test_manager_state import make_policy, report, state
 

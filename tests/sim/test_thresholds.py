@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from manager.simulator import load_trace, simulate
-from manager.simulator.arrivals import peak_rate
-from manager.simulator.engine import SimulationResult
-from manager.simulator.figures import RECOVERY_HORIZON_S, figures
+from qcluster.manager.simulator import load_trace, simulate
+from qcluster.manager.simulator.arrivals import peak_rate
+from qcluster.manager.simulator.engine import SimulationResult
+from qcluster.manager.simulator.figures import RECOVERY_HORIZON_S, figures
 
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"
 #: Slots started at the beginning (nothing measured yet) are not steady-state churn.
@@ -132,11 +132,13 @@ def test_host_loss_brings_high_priority_queues_back_within_3_rounds() -> None:
           "rounds until slots are back"], rows)
     assert rows
     assert worst["qcluster"] <= 3
-    # It had to move slots: each queue lost more than its spare (it ran fewer slots than
-    # its work needs) and the live hosts had no free slot to give it.
+    # It had to move slots: each queue lost at least its spare (it ran no more slots than
+    # its work needs: 100% busy, so any noise makes it wait), at least one lost more (it ran
+    # fewer), and the live hosts had no free slot to give them.
     died = result.runs["qcluster"].deaths[0]
     short = {r[1]: r[3] - r[5] for r in rows if r[0] == "qcluster"}
-    assert all(gap > 0 for gap in short.values()), short
+    assert all(gap >= 0 for gap in short.values()), short
+    assert any(gap > 0 for gap in short.values()), short
     assert live_free_slots(result, "qcluster", died) < sum(short.values())
     assert worst["hpa"] > 3  # the trace tells a planner without priorities apart
 
@@ -197,3 +199,126 @@ def test_example_traces_conserve_jobs(name: str) -> None:
     for body in result.runs.values():
         for q in body.queues.values():
             assert q.arrived == q.started + q.backlog
+
+
+#: Engineer L's chaos row L2 in the simulator: one master of 4 slots (20 ms jobs, 200
+#: jobs/s in all), queue a fed 300 jobs/s for 10 s, then queue b for 10 s; the manager
+#: plans every second, as in the row.
+BACKLOG_SHIFT = {
+    "duration_s": 150, "interval_s": 1.0, "report_lag_s": 0.5,
+    "hosts": {"m": {"slots": 4}},
+    "queues": {
+        name: {"policy": {"batch_size": 10, "est_job_seconds": 0.02}, "arrivals": "even",
+               "rate": [[0, 0], [start, 300], [start + 10, 0]], "job_time": {"mean_s": 0.02}}
+        for name, start in (("a", 0), ("b", 10))},
+}
+
+
+def test_idle_slots_drain_a_shifted_backlog_sooner_without_more_churn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """L2: once a's backlog is gone, b's (59 slot-s) drained over the 60 s horizon on one
+    slot while 3 of 4 slots sat idle. With the idle-slot rule b keeps the free slots while
+    its backlog is worth them: a shorter wait, more jobs per second over the transition,
+    and no more slot moves than without it."""
+    from qcluster.manager import planning
+    from qcluster.manager.simulator.engine import Simulation
+    from qcluster.manager.simulator.policies import make_policy
+    from qcluster.manager.simulator.trace import Trace
+
+    trace = Trace.model_validate(BACKLOG_SHIFT)
+    rows, figures_by = [], {}
+    for rule in ("idle slots used", "60 s horizon only"):
+        if rule == "60 s horizon only":  # no idle slot given (the rest of the plan as is)
+            monkeypatch.setattr(planning, "use_idle", lambda *args: {})
+        sim = Simulation(trace, make_policy("qcluster", trace), 0)
+        finished: dict[float, int] = {}
+        end_round = sim.end_round
+
+        def count(q: Any, index: int, now: float, end_round: Any = end_round,
+                  finished: dict[float, int] = finished, sim: Any = sim) -> None:
+            end_round(q, index, now)
+            finished[now] = sum(x.finished for x in sim.queues.values())
+
+        sim.end_round = count  # type: ignore[method-assign]
+        run_ = sim.run()
+        b = figures(SimulationResult(trace, 0, {"qcluster": run_}))["policies"]["qcluster"]
+        b = b["queues"]["b"]
+        moves = sum(q.starts + q.stops for q in run_.queues.values())
+        rate = (finished[40.0] - finished[10.0]) / 30.0
+        figures_by[rule] = (b["wait_p99_s"], b["burst_drain_max_s"], moves, rate)
+        rows.append([rule, b["wait_p99_s"], b["burst_drain_max_s"], moves, round(rate)])
+    show("backlog shift (chaos row L2): queue b after a", ["planner", "b p99 wait s",
+         "b drained in s", "slot moves", "jobs/s, 10-40 s"], rows)
+    used, horizon = figures_by["idle slots used"], figures_by["60 s horizon only"]
+    assert used[0] <= 0.6 * horizon[0]
+    assert used[1] <= 0.75 * horizon[1]
+    assert used[2] <= horizon[2]
+    assert used[3] >= 1.1 * horizon[3]
+
+
+#: Chaos row L2 "scarce" in the simulator: the same host of 4 slots and 20 ms jobs; queue
+#: a's 100 jobs/s (2 slot-s/s: 3 slots at the 80% target) move to b and back every 12 s,
+#: as in the row's quick profile (a, b, a, b, a).
+SCARCE_PHASE_S = 12.0
+SCARCE_ORDER = ("a", "b", "a", "b", "a")
+SCARCE_SHIFT = {
+    "duration_s": len(SCARCE_ORDER) * SCARCE_PHASE_S + 60, "interval_s": 1.0,
+    "report_lag_s": 0.5, "hosts": {"m": {"slots": 4}},
+    "queues": {
+        name: {"policy": {"batch_size": 10, "est_job_seconds": 0.02}, "arrivals": "even",
+               "rate": [[0, 0]] + [r for n, q in enumerate(SCARCE_ORDER) if q == name
+                                    for r in ([n * SCARCE_PHASE_S, 100],
+                                              [(n + 1) * SCARCE_PHASE_S, 0])],
+               "job_time": {"mean_s": 0.02}}
+        for name in ("a", "b")},
+}
+
+
+def test_a_held_queue_lends_its_spare_slots_when_capacity_is_short(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """L2 scarce: once a's arrivals stop, a holds its 3 slots for its hold rounds while b,
+    which needs 3, runs on the 1 left. The slots a's hold keeps beyond what its work needs
+    now go to the queue that waits: over the 10 s after each shift (the row's window) at
+    least 70% of the jobs that arrived are done, with no worse wait than with the hold
+    kept. The plan now follows the load (a's slots go to b and come back), so it moves more
+    than a plan that held a's slots through b's phases: 17 plan moves instead of 11 over 4
+    shifts, 38 slot moves instead of 28 (bounded here at 1.5 times)."""
+    from qcluster.manager import planning
+    from qcluster.manager.simulator.engine import Simulation
+    from qcluster.manager.simulator.policies import make_policy
+    from qcluster.manager.simulator.trace import Trace
+
+    trace = Trace.model_validate(SCARCE_SHIFT)
+    rate = 100 * 10.0  # jobs arriving in the row's 10 s window
+    rows, figures_by = [], {}
+    share = planning.share_capacity
+    for rule in ("spare lent", "hold kept"):
+        if rule == "hold kept":
+            monkeypatch.setattr(planning, "share_capacity",
+                                lambda *args, spare=None: share(*args))
+        sim = Simulation(trace, make_policy("qcluster", trace), 0)
+        finished: dict[float, int] = {}
+        end_round = sim.end_round
+
+        def count(q: Any, index: int, now: float, end_round: Any = end_round,
+                  finished: dict[float, int] = finished, sim: Any = sim) -> None:
+            end_round(q, index, now)
+            finished[now] = sum(x.finished for x in sim.queues.values())
+
+        sim.end_round = count  # type: ignore[method-assign]
+        run_ = sim.run()
+        shifts = [n * SCARCE_PHASE_S for n in range(1, len(SCARCE_ORDER))]
+        ratios = [round((finished[s + 10] - finished[s]) / rate, 2) for s in shifts]
+        body = figures(SimulationResult(trace, 0, {"qcluster": run_}))["policies"]["qcluster"]
+        overall = body["overall"]
+        figures_by[rule] = (min(ratios), overall["wait_p99_s"], overall["plan_moves"],
+                            overall["slot_moves"])
+        rows.append([rule, " ".join(f"{r:g}" for r in ratios), overall["wait_p99_s"],
+                     overall["plan_moves"], overall["slot_moves"]])
+    show("scarce shift (chaos row L2 scarce): done / arrived in the 10 s after each shift",
+         ["planner", "ratios", "p99 wait s", "plan moves", "slot moves"], rows)
+    lent, kept = figures_by["spare lent"], figures_by["hold kept"]
+    assert kept[0] < 0.7  # the premise: the row's failure
+    assert lent[0] >= 0.7
+    assert lent[1] <= kept[1]
+    assert lent[3] <= 1.5 * kept[3]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from manager.simulator import TraceError, load_trace, simulate
-from manager.simulator.figures import figures
-from qcluster.cli import _register_roles, cli
+from qcluster.cli import cli, register_commands
+from qcluster.manager.simulator import TraceError, load_trace, simulate
+from qcluster.manager.simulator.figures import figures
 from qcluster.policy import QueuePolicy
 
 HAND_WRITTEN = """{"duration_s": 60,
@@ -95,7 +95,7 @@ def test_a_broken_recording_names_its_line(tmp_path: Path) -> None:
 
 
 def test_the_command_prints_json_and_writes_a_self_contained_page(tmp_path: Path) -> None:
-    _register_roles()
+    register_commands()
     trace = write(tmp_path, "t.json", HAND_WRITTEN)
     page = tmp_path / "report.html"
     runner = CliRunner()
@@ -113,7 +113,7 @@ def test_the_command_prints_json_and_writes_a_self_contained_page(tmp_path: Path
 
 
 def test_the_command_refuses_a_bad_trace_in_one_line(tmp_path: Path) -> None:
-    _register_roles()
+    register_commands()
     bad = write(tmp_path, "bad.json", '{"duration_s": 10}')
     result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad)])
     assert result.exit_code == 2

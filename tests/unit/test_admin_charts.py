@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from hypothesis import given
 from hypothesis import strategies as st
 
-from admin_ui.charts import HEIGHT, PAD_LEFT, PAD_TOP, WIDTH, Series, line_chart
+from qcluster.admin_ui.charts import HEIGHT, PAD_LEFT, PAD_TOP, WIDTH, Series, line_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from fastapi import FastAPI
@@ -12,14 +13,16 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from admin_ui.charts import Series, line_chart
-from admin_ui.display import load_bar_percent, load_text
-from admin_ui.router import install, sort_queues
-from manager.api import ManagerService, create_app
-from manager.state import ClusterState
+from qcluster.admin_ui.charts import Series, line_chart
+from qcluster.admin_ui.display import load_bar_percent, load_text
+from qcluster.admin_ui.router import install
+from qcluster.admin_ui.views import sort_queues
 from qcluster.broker import open_broker
 from qcluster.client import Client
 from qcluster.config import load_settings
+from qcluster.manager.api import create_app
+from qcluster.manager.service import ManagerService
+from qcluster.manager.state import ClusterState
 from tests.brokers import PrivateRedis
 from tests.browser.fake_source import FakeSource, queue_view
 from tests.unit.test_manager_state import make_policy, report
@@ -74,6 +77,17 @@ def test_requeue_needs_the_token(
 def test_unknown_queue_is_404(client: tuple[TestClient, FakeSource]) -> None:
     http, _ = client
     assert http.get("/queues/nope").status_code == 404
+
+
+@pytest.mark.parametrize("name", ["a b", "<script>x</script>", "-x", "x" * 129, "q{1}"])
+def test_requeue_of_a_name_no_queue_may_have_is_404_and_escaped(
+    client: tuple[TestClient, FakeSource], name: str
+) -> None:
+    """The form applies the API's queue-name rule: a page, not a 500 from the broker."""
+    http, _ = client
+    answer = http.post(f"/queues/{quote(name, safe='')}/requeue", data={"token": "s3cret"})
+    assert answer.status_code == 404
+    assert "<script>" not in answer.text
 
 
 def test_sort_queues_unknown_key_falls_back_to_priority() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from master.capacity import CapacityLimits, HostSample, capacity
-from master.reconcile import Fork, LiveSlot, Stop, Switch, clip_to_capacity, plan_actions
+from qcluster.master.capacity import CapacityLimits, HostSample, capacity
+from qcluster.master.reconcile import Fork, LiveSlot, Stop, Switch, clip_to_capacity, plan_actions
 
 MIB = 1 << 20
 LIMITS = CapacityLimits(reserve_bytes=512 * MIB, slot_pss_estimate_bytes=64 * MIB,

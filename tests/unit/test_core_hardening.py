@@ -14,8 +14,14 @@ from hypothesis import strategies as st
 
 from qcluster import App, Job
 from qcluster.broker.redis_broker import RedisBroker, _delay_ms
-from qcluster.errors import BrokerUnavailable, ConfigError, InvalidDelay, InvalidQueueName
-from qcluster.job import MAX_DELAY_S, check_delay
+from qcluster.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    EnvelopeError,
+    InvalidDelay,
+    InvalidQueueName,
+)
+from qcluster.job import MAX_DELAY_S, check_delay, decode_envelope
 from qcluster.names import QUEUE_NAME_PATTERN, check_queue_name
 
 # --- names ---------------------------------------------------------------------------
@@ -172,3 +178,32 @@ def test_a_take_reply_always_becomes_deliveries_marking_suspects_and_bad_ids(
             assert delivery.malformed.startswith("malformed:")
         else:
             assert delivery.malformed == ""
+
+
+# --- non-JSON numbers in a raw message (chaos row B1, engineer S) ---------------------
+
+_HEAD = b'{"v":1,"id":"x","queue":"q","enqueued_at":'
+
+
+@pytest.mark.parametrize("payload", [
+    b"NaN", b"-Infinity", b"Infinity", b"1e999", b"-1e309", b"1" + b"0" * 400 + b".5",
+    b'[1, {"a": 1e400}]', b'{"a": [[[NaN]]]}',
+])
+def test_a_payload_no_producer_could_send_is_malformed(payload: bytes) -> None:
+    """pydantic's JSON parser reads NaN, Infinity and 1e999 as floats; the producer refuses
+    them (allow_nan=False), so a raw message carrying them is dead-lettered, never run."""
+    with pytest.raises(EnvelopeError, match=r"^malformed: payload"):
+        decode_envelope(_HEAD + b'1.5,"payload":' + payload + b"}")
+
+
+@pytest.mark.parametrize("enqueued_at", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_an_infinite_or_nan_enqueue_time_is_malformed(enqueued_at: bytes) -> None:
+    with pytest.raises(EnvelopeError, match=r"^malformed: enqueued_at"):
+        decode_envelope(_HEAD + enqueued_at + b',"payload":1}')
+
+
+@pytest.mark.parametrize("payload", [
+    b'"NaN"', b'"Infinity"', b"1.5e300", b"-0.0", b"1" + b"0" * 400, b'{"a": [1, 2.5, null]}',
+])
+def test_finite_numbers_and_look_alike_strings_still_decode(payload: bytes) -> None:
+    assert decode_envelope(_HEAD + b'1.5,"payload":' + payload + b"}").enqueued_at == 1.5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from qcluster.backoff import compute_backoff
 from qcluster.errors import EnvelopeError
 from qcluster.job import Delivery, Job, decode_envelope, encode_new_jobs
 from qcluster.policy import QueuePolicy
-from slot.settle import settle_batch
+from qcluster.slot.settle import settle_batch
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53)
@@ -26,7 +27,8 @@ json_values = st.recursive(
 
 @given(payload=json_values, queue=st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True))
 def test_any_json_payload_survives_the_envelope(payload: Any, queue: str) -> None:
-    [(job_id, body)] = encode_new_jobs(queue, [payload], enqueued_at=1.5, headers={"k": "v"})
+    [(job_id, body)] = encode_new_jobs(queue, [payload], enqueued_at=1.5, random_bytes=os.urandom,
+                                     headers={"k": "v"})
     decoded = decode_envelope(body)
     assert (decoded.id, decoded.queue, decoded.enqueued_at, decoded.headers) == (
         job_id, queue, 1.5, {"k": "v"})
@@ -38,7 +40,7 @@ def test_any_json_payload_survives_the_envelope(payload: Any, queue: str) -> Non
 def test_a_batch_keeps_its_order_and_one_bad_payload_refuses_it_naming_which(
     payloads: list[Any], bad_at: int, bad: Any
 ) -> None:
-    encoded = encode_new_jobs("q", payloads, enqueued_at=0.0)
+    encoded = encode_new_jobs("q", payloads, enqueued_at=0.0, random_bytes=os.urandom)
     assert [json.dumps(decode_envelope(body).payload, sort_keys=True) for _, body in encoded] == [
         json.dumps(p, sort_keys=True) for p in payloads]
     ids = [job_id for job_id, _ in encoded]
@@ -48,13 +50,13 @@ def test_a_batch_keeps_its_order_and_one_bad_payload_refuses_it_naming_which(
     with_bad = [*payloads[:position], bad, *payloads[position:]]
     which = f"payload #{position}" if len(with_bad) > 1 else "payload"
     with pytest.raises(EnvelopeError, match=f"{which} for queue 'q' is not JSON"):
-        encode_new_jobs("q", with_bad, enqueued_at=0.0)
+        encode_new_jobs("q", with_bad, enqueued_at=0.0, random_bytes=os.urandom)
 
 
 @pytest.mark.parametrize("queue, headers", [("", None), ("x" * 201, None), ("q", {"k": 1})])
 def test_a_bad_queue_name_or_header_is_refused(queue: str, headers: Any) -> None:
     with pytest.raises(EnvelopeError):
-        encode_new_jobs(queue, [1], enqueued_at=0.0, headers=headers)
+        encode_new_jobs(queue, [1], enqueued_at=0.0, random_bytes=os.urandom, headers=headers)
 
 
 @given(body=st.binary(max_size=300))
@@ -67,14 +69,16 @@ def test_arbitrary_bytes_are_refused_with_a_reason_never_crash(body: bytes) -> N
 
 @given(size=st.integers(0, 5000), limit=st.integers(64, 4000))
 def test_size_limit_is_enforced_on_both_sides(size: int, limit: int) -> None:
-    [(_, body)] = encode_new_jobs("q", ["x" * size], enqueued_at=0.0)
+    [(_, body)] = encode_new_jobs("q", ["x" * size], enqueued_at=0.0, random_bytes=os.urandom)
     if len(body) > limit:
         with pytest.raises(EnvelopeError, match="limit"):
-            encode_new_jobs("q", ["x" * size], enqueued_at=0.0, max_bytes=limit)
+            encode_new_jobs("q", ["x" * size], enqueued_at=0.0, random_bytes=os.urandom,
+                            max_bytes=limit)
         with pytest.raises(EnvelopeError, match="oversized"):
             decode_envelope(body, max_bytes=limit)
     else:
-        [(_, body)] = encode_new_jobs("q", ["x" * size], enqueued_at=0.0, max_bytes=limit)
+        [(_, body)] = encode_new_jobs("q", ["x" * size], enqueued_at=0.0,
+                                      random_bytes=os.urandom, max_bytes=limit)
         assert decode_envelope(body, max_bytes=limit)
 
 

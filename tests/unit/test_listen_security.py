@@ -120,7 +120,7 @@ def test_unicode_digits_in_a_host_port_are_not_loopback() -> None:
 
 
 def test_unicode_digits_in_master_slots_are_one_clear_line() -> None:
-    from master.cli import parse_slots
+    from qcluster.master.cli import parse_slots
 
     with pytest.raises(ConfigError):
         parse_slots("resize=¹")

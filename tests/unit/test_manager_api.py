@@ -8,13 +8,14 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from admin_ui.source import ClusterSource
-from manager.api import ManagerService, create_app
-from manager.planning import MAX_HOLD_ROUNDS
-from manager.state import ClusterState
+from qcluster.admin_ui.source import ClusterSource
 from qcluster.broker import open_broker
 from qcluster.config import load_settings
-from qcluster.metrics import MANAGER_METRICS
+from qcluster.manager.api import create_app
+from qcluster.manager.planning import MAX_HOLD_ROUNDS
+from qcluster.manager.service import ManagerService
+from qcluster.manager.state import ClusterState
+from qcluster.metrics import MANAGER_GAUGES, MANAGER_METRICS, MANAGER_QUEUE_GAUGES
 from tests.unit.test_manager_state import report
 
 AUTH = {"Authorization": "Bearer s3cret"}
@@ -90,6 +91,9 @@ def test_metrics_and_openapi(client: TestClient, service: ManagerService) -> Non
     text = client.get("/metrics").text
     for name in MANAGER_METRICS:
         assert f"# TYPE {name} gauge" in text, name
+    helps = {**{n: doc for n, (doc, _) in MANAGER_QUEUE_GAUGES.items()}, **MANAGER_GAUGES}
+    for name, doc in helps.items():  # names and help texts from their one definition
+        assert f"# HELP {name} {doc}" in text, name
     assert 'qcluster_host_up{host="a"} 1.0' in text
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/api/v1/reports", "/api/v1/cluster", "/healthz", "/metrics"} <= set(paths)

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from manager.recorder import (
+from qcluster.broker.base import QueueStats
+from qcluster.config import load_settings
+from qcluster.manager.recorder import (
     Recorder,
     RecordHeader,
     RecordRound,
@@ -19,8 +21,6 @@ from manager.recorder import (
     read_recording,
     recorder_for,
 )
-from qcluster.broker.base import QueueStats
-from qcluster.config import load_settings
 from tests.unit.test_manager_state import POLICIES, make_policy, report, state
 
 T0 = 1_700_000_000.0

@@ -16,10 +16,11 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from manager.api import ManagerService, create_app
-from manager.state import ClusterState
 from qcluster.broker import open_broker
 from qcluster.config import load_settings
+from qcluster.manager.api import create_app
+from qcluster.manager.service import ManagerService
+from qcluster.manager.state import ClusterState
 from tests.unit.test_manager_state import report
 
 TOKEN = "9f2c4e6a8b0d1f3e5a7c9b1d"

@@ -11,11 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from manager.state import ClusterState
 from qcluster.broker.base import QueueStats
 from qcluster.config import load_settings
+from qcluster.manager.state import ClusterState
+from qcluster.manager.views import cluster_view
 from qcluster.messages import (
     BatchCounters,
+    ClusterView,
     HostFacts,
     HostReport,
     QueueCounters,
@@ -55,6 +57,11 @@ def state(toml: str = "", window_s: float = 10.0) -> ClusterState:
         return ClusterState(load_settings(path))
 
 
+def view(s: ClusterState, now: float) -> ClusterView:
+    """What /api/v1/cluster shows at ``now``."""
+    return cluster_view(s.snapshot(now))
+
+
 def test_first_reply_keeps_what_the_host_runs_then_the_plan() -> None:
     s = state()
     assert s.receive(report("a", {"mail": 2}), now=0.0).row == {"mail": 2}
@@ -76,7 +83,7 @@ def test_dead_host_expires_and_its_slots_move_in_one_round() -> None:
     s.plan_round(now=7.5)
     assert set(s.slot_map) == {"a"}
     assert sum(s.slot_map["a"].values()) == 6  # all of a's capacity, none lost on b
-    hosts = {h.name: h.alive for h in s.view(now=7.5).hosts}
+    hosts = {h.name: h.alive for h in view(s, 7.5).hosts}
     assert hosts == {"a": True, "b": False}
 
 
@@ -89,7 +96,7 @@ def test_toml_overrides_code_policy_and_a_toml_only_queue_is_planned_at_zero() -
     assert s.plans["parked"].planned == 0  # no master can run it
     assert "served by no live host" in s.plans["parked"].reason
     assert "parked" not in s.slot_map["a"]
-    priorities = {q.name: q.priority for q in s.view(now=0.1).queues}
+    priorities = {q.name: q.priority for q in view(s, 0.1).queues}
     assert priorities["mail"] == 5  # the code's priority survives the override
 
 
@@ -110,12 +117,12 @@ def test_decision_log_is_a_bounded_ring_with_numbers() -> None:
         # A move every round (the planner no longer flaps on a backlog that comes and goes).
         (s.paused.add if t % 2 else s.paused.discard)("mail")
         s.plan_round(now=t + 0.5)
-    decisions = s.view(now=30.0).decisions
+    decisions = view(s, 30.0).decisions
     assert len(decisions) == 10
     assert decisions[0].at >= decisions[-1].at  # newest first
     for d in decisions:
         assert d.reason.startswith(f"{d.queue}: ") and f"{d.from_slots} -> {d.to_slots}" in d.reason
-    dumped = s.view(now=30.0).model_dump(by_alias=True)["decisions"][0]
+    dumped = view(s, 30.0).model_dump(by_alias=True)["decisions"][0]
     assert {"from", "to", "at", "queue", "reason"} <= set(dumped)
 
 
@@ -136,8 +143,8 @@ def test_restarted_manager_rebuilds_the_current_map_from_reports() -> None:
     restarted = state()
     row = restarted.receive(report("a", first.slot_map["a"]), now=5.0).row
     assert row == first.slot_map["a"]
-    view = restarted.view(now=5.0)
-    assert {h.name: h.slots for h in view.hosts} == {"a": first.slot_map["a"]}
+    shown = view(restarted, 5.0)
+    assert {h.name: h.slots for h in shown.hosts} == {"a": first.slot_map["a"]}
 
 
 def test_history_records_a_point_per_round() -> None:
@@ -156,7 +163,7 @@ def test_rate_out_is_the_flat_rate_from_the_first_seconds() -> None:
         s.receive(report("a", {"resize": 1}, processed=50, busy=0.5,
                          queues={"resize": make_policy()}), now=float(t))
         s.plan_round(now=t + 0.5)
-    (queue,) = [q for q in s.view(now=10.5).queues if q.name == "resize"]
+    (queue,) = [q for q in view(s, 10.5).queues if q.name == "resize"]
     assert queue.rate_out == 50.0 and queue.rate_in == 50.0
     assert [p.rate_out for p in s.history("resize")] == [50.0] * 10
 
@@ -167,9 +174,9 @@ def test_load_with_work_waiting_and_no_slot_is_undefined_not_a_clipped_number() 
     s.receive(report("a", {}, queues={"resize": make_policy(max_slots=0)}), now=0.0)
     s.set_stats({"resize": QueueStats(ready=500)})
     s.plan_round(now=0.5)
-    (queue,) = s.view(now=0.5).queues
+    (queue,) = view(s, 0.5).queues
     assert queue.load is None and s.history("resize")[-1].load is None
-    assert '"load":null' in s.view(now=0.5).model_dump_json()
+    assert '"load":null' in view(s, 0.5).model_dump_json()
 
 
 @settings(max_examples=60, deadline=None)
@@ -182,5 +189,5 @@ def test_a_flat_rate_reads_flat_at_any_age_of_the_window(per_s: int, interval_s:
         body = report("a", {"resize": 1}, processed=round(per_s * interval_s),
                       queues={"resize": make_policy()})
         s.receive(body.model_copy(update={"interval_s": interval_s}), now=k * interval_s)
-    (queue,) = s.view(now=reports * interval_s).queues
+    (queue,) = view(s, reports * interval_s).queues
     assert queue.rate_out == pytest.approx(round(per_s * interval_s) / interval_s)

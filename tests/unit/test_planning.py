@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from manager.planning import (
+from qcluster.manager.planning import (
+    IDLE_MIN_DRAIN_S,
     MAX_UTILIZATION,
     QueueInput,
     QueuePlan,
@@ -75,7 +76,7 @@ def test_hysteresis_keeps_the_plan_inside_the_band(queue: QueueInput, where: flo
     work = n * TU * (1 + where * edge)  # slot-seconds of work per second
     previous = QueuePlan("q", n, n, n, 0.5, band, 1.0, Why(""), work=work)
     window = QueueWindow(processed=round(work * 60), busy_s=work * 60.0, alive_s=n * 60.0,
-                         backlog=0, span_s=60.0, recent_s=2.0, recent_processed=round(work * 2))
+                         backlog=0, span_s=60.0, recent_s=2.0, recent_arrived=round(work * 2))
     decision = plan([QueueInput("q", policy, running, window, previous=previous)], BIG, TU)
     assert decision["q"].planned == n
 
@@ -142,11 +143,15 @@ def test_reason_reads_like_the_design_example() -> None:
     policy = make_policy(max_slots=50)  # priority 0: band -30%, up edge capped at 95% busy
     window = QueueWindow(processed=1000, busy_s=100.0, alive_s=40.0, backlog=12000,
                          span_s=60.0)
-    reason = plan([QueueInput("mail", policy, 4, window)], BIG, TU)["mail"].reason
+    reason = plan([QueueInput("mail", policy, 4, window)], 23, TU)["mail"].reason
     assert reason.startswith("mail: load 3250%, work 1.67 slot-s/s (busy 100.0s in 60s")
     # 1.67 / 0.8 + 12000 jobs x 0.1 s / 60 s = 22.08 slots: the figure the move used.
     assert "= 22.08 slots at 80% > 4 +19% by far" in reason
     assert reason.endswith(", backlog 12000, 4 -> 23 slots")
+    # With idle slots beside it, the backlog (1,200 slot-s, 52 s on 23 slots) takes them.
+    reason = plan([QueueInput("mail", policy, 4, window)], 40, TU)["mail"].reason
+    assert reason.endswith("; idle slots: +17 to drain the backlog (1200 slot-s) in 5s,"
+                           " backlog 12000, 4 -> 40 slots")
 
 
 def test_reason_names_the_move_the_log_shows() -> None:
@@ -155,7 +160,7 @@ def test_reason_names_the_move_the_log_shows() -> None:
     previous = QueuePlan("q", current=5, needed=8, planned=8, load=0.5, band=0.3,
                          mean_job_s=0.01, why=Why("earlier"), backlog=0, work=5.0)
     window = QueueWindow(processed=60_000, busy_s=600.0, alive_s=480.0, backlog=0,
-                         span_s=60.0, recent_s=2.0, recent_processed=1000)
+                         span_s=60.0, recent_s=2.0, recent_arrived=1000)
     decision = plan([QueueInput("q", policy, 5, window, previous=previous)], BIG, TU)["q"]
     assert decision.reason.endswith(f", 8 -> {decision.planned} slots")
 
@@ -166,7 +171,7 @@ def steady(current: int, rate_jobs: int, job_s: float = 0.01) -> QueueWindow:
     """A window of a flat rate: ``rate_jobs`` per 2 s round, no backlog."""
     return QueueWindow(processed=rate_jobs * 30, busy_s=rate_jobs * 30 * job_s,
                        alive_s=max(current, 1) * 60.0, backlog=0, span_s=60.0, recent_s=2.0,
-                       recent_processed=rate_jobs)
+                       recent_arrived=rate_jobs)
 
 
 def test_hysteresis_is_anchored_on_the_previous_plan_not_the_running_count() -> None:
@@ -226,7 +231,7 @@ def test_no_move_while_the_last_move_lands_unless_far() -> None:
                   BIG, TU)["q"]
     assert landed.planned == 8
     burst = QueueWindow(processed=36_000, busy_s=360.0, alive_s=180.0, backlog=200_000,
-                        span_s=60.0, recent_s=2.0, recent_processed=1000)
+                        span_s=60.0, recent_s=2.0, recent_arrived=1000)
     far = plan([QueueInput("q", policy, 3, burst, previous=previous)], BIG, TU)["q"]
     assert far.planned > 8 and "by far" in far.reason
 
@@ -244,7 +249,7 @@ def test_a_flat_rate_moves_the_plan_at_most_once(rate: int, job_s: float, lag: l
         current = max(0, (previous.planned if previous else 0) - behind)
         window = QueueWindow(processed=rate * 30, busy_s=rate * 30 * job_s,
                              alive_s=max(current, 1) * 60.0, backlog=0, span_s=60.0,
-                             recent_s=2.0, recent_processed=rate)
+                             recent_s=2.0, recent_arrived=rate)
         previous = plan([QueueInput("q", policy, current, window, previous=previous)],
                         BIG, TU)["q"]
         planned.append(previous.planned)
@@ -270,20 +275,120 @@ def test_never_more_slots_than_the_cluster_has(queues: list[QueueInput], capacit
         assert 0 <= p.planned <= p.needed
 
 
-@given(st.floats(0.0, 1.99), st.floats(0.0, 1.99), st.integers(100, 10_000),
-       st.lists(st.floats(-0.4, 0.4), min_size=60, max_size=60))
-def test_jobs_done_per_round_do_not_depend_on_the_hosts_report_phase(
-        phase_a: float, phase_b: float, per_report: int, jitter: list[float]) -> None:
-    """Two hosts report about every 2 s on their own phase, a little late or early; a
-    round counting only the reports since the previous round saw 0, 1 or 2 of a host's,
-    and its arrival estimate jumped 2x (a move 'by far')."""
-    from manager.state import Sample, done_per_interval
+def idle_round(queues: list[QueueInput], capacity: int) -> dict[str, QueuePlan]:
+    return plan(queues, capacity, TU)
 
-    samples = sorted((Sample(at=k * 2.0 + phase + jitter[k + 30 * i], processed=per_report,
-                             busy_s=1.0, alive_s=2.0, covers_s=2.0, host=f"h{i}")
-                      for i, phase in enumerate((phase_a, phase_b)) for k in range(1, 30)),
-                     key=lambda s: s.at)
-    for now in (20.0, 22.0, 24.0, 26.0):
-        held = [s for s in samples if s.at <= now]
-        done = done_per_interval(held, now, 2.0)
-        assert done == 2 * per_report, (now, done)
+
+def ran(name: str, policy: QueuePolicy, slots: int, backlog: int, arrived: int,
+           job_s: float = 0.02, previous: QueuePlan | None = None) -> QueueInput:
+    """A queue that ran ``slots`` slots busy for a minute (jobs of ``job_s``), ``arrived``
+    jobs in the last second."""
+    work = arrived * job_s
+    processed = round(max(slots, 1) * 60 / job_s)
+    window = QueueWindow(processed=processed, busy_s=processed * job_s,
+                         alive_s=max(slots, 1) * 60.0, backlog=backlog, span_s=60.0,
+                         recent_s=1.0, recent_arrived=arrived)
+    if previous is None:
+        previous = QueuePlan(name, slots, slots, slots, 0.5, 0.3, job_s, Why(""),
+                             backlog=backlog, work=work)
+    return QueueInput(name, policy, slots, window, previous=previous)
+
+
+def test_idle_slots_drain_a_backlog_by_priority_and_never_past_capacity() -> None:
+    """Engineer L's chaos row L2: b's backlog of 59 slot-s got 1 slot (its 60 s drain)
+    while 3 of the host's 4 slots sat idle. Slots no queue needs now go to backlogs, the
+    higher priority first, within max_slots and one per batch waiting."""
+    low, high = make_policy(priority=0, batch_size=10), make_policy(priority=5, batch_size=10)
+    plans = idle_round([ran("b", low, 1, 2950, 0), ran("c", high, 1, 600, 0)], 4)
+    assert plans["c"].planned == 3  # 12 slot-s: 2 more drain it in 5 s... and 1 per batch
+    assert plans["b"].planned == 1  # the last free slot went to c first
+    assert sum(p.planned for p in plans.values()) == 4
+    assert "idle slots: +2" in plans["c"].reason
+    plans = idle_round([ran("b", low, 1, 2950, 0)], 4)
+    assert plans["b"].planned == 4 and "idle slots: +3" in plans["b"].reason
+
+
+def test_a_backlog_that_drains_soon_takes_no_idle_slot() -> None:
+    policy = make_policy(batch_size=10)
+    plans = idle_round([ran("b", policy, 2, 400, 0)], 8)  # 8 slot-s: 8 s on 1 slot
+    assert plans["b"].planned == 2
+    assert "idle" not in plans["b"].reason
+
+
+def test_idle_slots_are_held_while_the_backlog_lasts_then_released_by_the_hold() -> None:
+    """No flap: the extra slots stay while the backlog is worth them (a release the hold
+    makes meanwhile is given back in the same round), and go with the usual hold after."""
+    policy = make_policy(batch_size=10)
+    queue = ran("b", policy, 1, 3000, 0)
+    plans = idle_round([queue], 4)
+    assert plans["b"].planned == 4
+    history, backlog = [], 3000
+    for _ in range(40):
+        backlog = max(0, backlog - 200)  # 4 slots at 50 jobs/s each
+        queue = ran("b", policy, 4, backlog, 0, previous=plans["b"])
+        plans = idle_round([queue], 4)
+        history.append((backlog, plans["b"].planned))
+    # The backlog is worth idle slots while it is above IDLE_MIN_DRAIN_S of one slot's
+    # work (500 jobs of 20 ms); from the first round below, the usual hold counts.
+    light = next(i for i, (b, _) in enumerate(history) if b * 0.02 <= IDLE_MIN_DRAIN_S)
+    planned = [p for _, p in history]
+    assert all(p == 4 for p in planned[:light])
+    assert planned[light + hold_rounds(0) - 1] < 4  # then released within the hold, once
+    assert planned == sorted(planned, reverse=True)  # never back up: no flap
+
+
+def test_a_queue_released_to_zero_stays_there_while_nothing_comes() -> None:
+    """The smoothed work estimate only decays towards 0: at 0 slots any of it was 'far
+    above' the band, so an idle queue went 1 -> 0 -> 1 -> 0 (seen in the simulator)."""
+    policy = make_policy()
+    previous = QueuePlan("q", 0, 0, 0, 0.0, 0.3, 0.02, Why(""), backlog=0, work=1e-4)
+    window = QueueWindow(processed=10, busy_s=0.2, alive_s=30.0, backlog=0, span_s=60.0,
+                         recent_s=1.0, recent_arrived=0)
+    assert plan([QueueInput("q", policy, 0, window, previous=previous)], 8, TU)["q"].planned == 0
+
+
+def held(name: str, policy: QueuePolicy, slots: int, arrived: int, work: float = 2.0,
+         backlog: int = 0) -> QueueInput:
+    """A queue that ran ``slots`` slots on ``work`` slot-s/s and now counted ``arrived``
+    jobs (20 ms) in a second: below its band, in its hold."""
+    previous = QueuePlan(name, slots, slots, slots, 0.6, 0.3, 0.02, Why(""), work=work)
+    return ran(name, policy, slots, backlog, arrived, previous=previous)
+
+
+def test_a_held_queue_with_nothing_to_do_lends_its_slots_to_a_queue_that_waits() -> None:
+    """Chaos row L2 scarce: on a host of 4 slots a's arrivals (3 slots' worth) moved to
+    b; a held its 3 slots for its hold rounds (nothing arrived, nothing waits) while b ran
+    on the 1 left. Now a's spare goes to b at once; a keeps the slot no one waits for."""
+    policy = make_policy(batch_size=10)
+    plans = plan([held("a", policy, 3, 0), ran("b", policy, 1, 200, 100)], 4, TU)
+    assert plans["b"].planned == 3
+    assert plans["a"].planned == 1
+    assert "2 spare of the hold to queues that wait" in plans["a"].reason
+    assert plans["a"].low_rounds == 1  # a's hold goes on for what it keeps
+
+
+def test_a_hold_stands_while_jobs_come_or_wait_or_when_no_one_waits() -> None:
+    """Only a round with nothing arriving and nothing waiting makes a hold spare (a queue
+    still fed at half its rate keeps its hold: lending it would flap under noise), and a
+    spare goes only to a queue that waits. The minimum is never spare."""
+    policy = make_policy(batch_size=10)
+    plans = plan([held("a", policy, 4, 50), ran("b", policy, 1, 200, 100)], 5, TU)
+    assert (plans["a"].planned, plans["b"].planned) == (4, 1)
+    plans = plan([held("a", policy, 3, 0, backlog=5), ran("b", policy, 1, 200, 100)], 4, TU)
+    assert (plans["a"].planned, plans["b"].planned) == (3, 1)
+    plans = plan([held("a", policy, 3, 0), ran("b", policy, 1, 0, 40)], 4, TU)
+    assert (plans["a"].planned, plans["b"].planned) == (3, 1)
+    floor = make_policy(batch_size=10, min_slots=2)
+    plans = plan([held("a", floor, 3, 0), ran("b", policy, 1, 200, 100)], 4, TU)
+    assert (plans["a"].planned, plans["b"].planned) == (2, 2)
+
+
+def test_a_lower_priority_queue_does_not_take_a_higher_priority_hold() -> None:
+    low, high = make_policy(priority=0, batch_size=10), make_policy(priority=5, batch_size=10)
+    plans = plan([held("a", high, 3, 0), ran("b", low, 1, 200, 100)], 4, TU)
+    assert (plans["a"].planned, plans["b"].planned) == (3, 1)
+    # The other way round, and between equals whatever the names: the spare goes.
+    plans = plan([held("a", low, 3, 0), ran("b", high, 1, 200, 100)], 4, TU)
+    assert (plans["a"].planned, plans["b"].planned) == (1, 3)
+    plans = plan([held("z", low, 3, 0), ran("b", low, 1, 200, 100)], 4, TU)
+    assert (plans["z"].planned, plans["b"].planned) == (1, 3)

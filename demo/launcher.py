@@ -1,6 +1,6 @@
 """``qcluster demo``: a whole cluster on one machine, on the embedded broker.
 
-A manager, two masters (``--host-auto``, host names ``demo-a`` and ``demo-b``), the
+A manager, two masters (host names ``demo-a`` and ``demo-b``, sized from memory and load), the
 example app (``examples.app``: queues of different priorities) and a load generator
 whose arrival rates change over time, so the slot map visibly moves. Runs until Ctrl-C
 (or ``--duration``); every child is stopped on the way out. The manager records what it
@@ -57,7 +57,7 @@ def _summary(admin: str) -> str:
         view = httpx.get(f"{admin}api/v1/cluster", timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return "manager starting..."
-    from admin_ui.display import load_text
+    from qcluster.admin_ui.display import load_text
 
     parts = [
         f"{q['name']} {q['slots_current']}/{q['slots_planned']} slots, "
@@ -94,7 +94,7 @@ def demo(
                         "--record", str(recording)], logs / "manager.log", env)]
     for index, host in enumerate(("demo-a", "demo-b")):
         children.append(_spawn(
-            ["master", "--host-auto", "--app", "examples.app", "--manager", admin.rstrip("/"),
+            ["master", "--app", "examples.app", "--manager", admin.rstrip("/"),
              "--host-name", host, "--listen", f"127.0.0.1:{port + 1 + index}"],
             logs / f"master-{host}.log", env))
     out.print(f"[bold green]qcluster demo[/]: admin UI at [link={admin}]{admin}[/link]  "

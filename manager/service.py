@@ -1,0 +1,257 @@
+"""The manager's service: the state, the broker and the planning loop behind one lock.
+
+The HTTP routes (``manager/api.py``) and the admin pages only call its methods. Every
+``interval_s`` the loop runs one round::
+
+    observe   broker stats (under the broker lock), then the state's reports and
+              counters (under the state lock): a RoundInput
+    decide    manager.rounds.decide: plan and place, pure, outside any lock
+    act       publish the slot map (the next replies carry it), log the decisions,
+              add the history points, write the recording
+
+Started and stopped by the FastAPI lifespan (``create_app``).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+
+from qcluster.broker.base import Broker, DeadJob, QueueStats
+from qcluster.errors import BrokerError, ConfigError
+from qcluster.manager.recorder import Recorder
+from qcluster.manager.rounds import RoundInput, RoundResult, decide
+from qcluster.manager.state import ClusterState
+from qcluster.manager.views import cluster_view
+from qcluster.messages import (
+    Assignment,
+    ClusterView,
+    HistoryPoint,
+    HostReport,
+    UndeclaredQueueView,
+)
+
+logger = logging.getLogger(__name__)
+#: How often the planning loop re-reads the broker's durability and its undeclared queues:
+#: a round trip per broker queue, not worth paying every round or on every page load.
+BROKER_CHECK_INTERVAL_S = 60.0
+#: How long ``stop`` waits for a round in progress (a broker call has its own timeouts).
+STOP_WAIT_S = 10.0
+
+
+class ManagerService:
+    """What the API, the admin UI and the loop work on.
+
+    Implements admin_ui.source.ClusterSource.
+    """
+
+    def __init__(self, state: ClusterState, broker: Broker, token: str | None,
+                 clock: Callable[[], float] = time.time,
+                 recorder: Recorder | None = None) -> None:
+        self.state = state
+        self.broker = broker
+        self.token = token
+        self.clock = clock
+        self.recorder = recorder
+        """``--record``: writes what each round observed."""
+        self.lock = threading.RLock()
+        """The state's: the HTTP handlers and the loop share it."""
+        self.broker_lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.last_round_s = 0.0
+        self.next_broker_check = 0.0
+        self.warned_undeclared: set[str] = set()
+        self.broker_problem: str | None = None
+        """Why the loop's last broker read failed; None once one succeeds (/healthz)."""
+        self._thread: threading.Thread | None = None
+
+    # --- commands: the routes' and the masters' ------------------------------------
+
+    def receive(self, report: HostReport) -> Assignment:
+        """A master's report; the reply is its row of the slot map."""
+        with self.lock:
+            return self.state.receive(report, self.clock())
+
+    def pause(self, queue: str) -> None:
+        """Plan no slot for the queue until it is resumed (from the next round)."""
+        with self.lock:
+            self.state.paused.add(queue)
+
+    def resume(self, queue: str) -> None:
+        with self.lock:
+            self.state.paused.discard(queue)
+
+    def drain(self, host: str) -> None:
+        """Plan no slot on the host until the manager restarts: its next reply is an empty
+        row, and the next round places its slots on the others."""
+        with self.lock:
+            self.state.drained.add(host)
+
+    # --- ClusterSource -------------------------------------------------------------
+
+    def cluster_view(self) -> ClusterView:
+        with self.lock:
+            snapshot = self.state.snapshot(self.clock())
+        return cluster_view(snapshot)
+
+    def queue_history(self, queue: str) -> list[HistoryPoint]:
+        with self.lock:
+            return self.state.history(queue)
+
+    def dead_jobs(self, queue: str, limit: int = 50) -> list[DeadJob]:
+        with self.broker_lock:
+            return self.broker.dead_jobs(queue, limit=limit)
+
+    def requeue_dead(self, queue: str) -> int:
+        with self.broker_lock:
+            return self.broker.requeue_dead(queue)
+
+    def check_token(self, token: str | None) -> bool:
+        return bool(self.token) and token is not None and secrets.compare_digest(
+            token.encode(), (self.token or "").encode())
+
+    def health(self) -> dict[str, str]:
+        """``ok``, or ``degraded`` with the reason while the loop's last broker read failed
+        (the manager still answers masters: they keep their rows)."""
+        if self.broker_problem is None:
+            return {"status": "ok"}
+        return {"status": "degraded", "broker": self.broker_problem}
+
+    # --- the round: observe -> decide -> act ---------------------------------------
+
+    def round(self) -> None:
+        started = time.perf_counter()
+        self.act(decide(self.observe()))
+        self.last_round_s = time.perf_counter() - started
+
+    def observe(self) -> RoundInput:
+        """Broker stats for every known queue, then the state at ``now``; drops the
+        samples older than the window and counts the jobs arrived since the last round."""
+        stats = self._broker_stats()
+        now = self.clock()  # the broker's counts are as of now (the arrivals depend on it)
+        if time.monotonic() >= self.next_broker_check:
+            self.check_broker()
+        with self.lock:
+            self.state.set_stats(stats)
+            self.state.prune(now)
+            self.state.count_arrivals(now)
+            return self.state.round_input(now)
+
+    def act(self, result: RoundResult) -> None:
+        """Publish the plan, log the decisions, write the recording."""
+        with self.lock:
+            self.state.apply(result)
+            observation = (self.state.observation(self.recorder.last_round_at, result.now)
+                           if self.recorder is not None else None)
+        for decision in result.decisions:
+            logger.info("decision: %s", decision.reason)
+        if self.recorder is not None and observation is not None:
+            self.recorder.write(observation, result.now)
+
+    def _broker_stats(self) -> dict[str, QueueStats]:
+        with self.lock:
+            queues = list(self.state.policies(self.clock()))
+        stats = {}
+        with self.broker_lock:
+            for queue in queues:
+                try:
+                    stats[queue] = self.broker.stats(queue)
+                    self._broker_read()
+                except BrokerError as exc:
+                    logger.warning("broker stats for %s failed: %s", queue, exc)
+                    self._broker_read(exc)
+            if not queues and self.broker_problem is not None:
+                try:  # nothing to read this round: is the broker back?
+                    self.broker.ping()
+                    self._broker_read()
+                except BrokerError as exc:
+                    self._broker_read(exc)
+        return stats
+
+    def _broker_read(self, error: BrokerError | None = None) -> None:
+        """Note how a broker read of the loop ended (what /healthz says)."""
+        if error is None:
+            if self.broker_problem is not None:
+                logger.info("broker answers again")
+            self.broker_problem = None
+        else:
+            lines = str(error).strip().splitlines() or [type(error).__name__]
+            self.broker_problem = lines[0][:200]
+
+    def check_broker(self) -> None:
+        """Store the broker's durability notes and the queues holding jobs that no live
+        host's app declares (warned once each in the log) for the overview page."""
+        self.next_broker_check = time.monotonic() + BROKER_CHECK_INTERVAL_S
+        with self.lock:
+            declared = set(self.state.policies(self.clock()))
+        undeclared: list[UndeclaredQueueView] | None = None  # None: keep the last known
+        with self.broker_lock:
+            try:
+                durability = self.broker.durability()
+            except (BrokerError, ConfigError) as exc:
+                durability = [str(exc)]
+            try:
+                undeclared = self._undeclared(declared)
+                self._broker_read()
+            except BrokerError as exc:
+                logger.warning("broker queue listing failed: %s", exc)
+                self._broker_read(exc)
+        self._warn_undeclared(undeclared)
+        with self.lock:
+            self.state.set_broker_warnings(undeclared=undeclared, durability=durability)
+
+    def _undeclared(self, declared: set[str]) -> list[UndeclaredQueueView]:
+        """Broker queues outside ``declared`` with ready or delayed jobs (caller holds the lock)."""
+        found = []
+        for queue in sorted(set(self.broker.queues()) - declared):
+            stats = self.broker.stats(queue)
+            if stats.ready or stats.delayed:
+                found.append(UndeclaredQueueView(name=queue, ready=stats.ready,
+                                                 delayed=stats.delayed))
+        return found
+
+    def _warn_undeclared(self, undeclared: list[UndeclaredQueueView] | None) -> None:
+        for queue in undeclared or []:
+            if queue.name not in self.warned_undeclared:
+                logger.warning("queue %s holds %d jobs but no app declares it: they wait "
+                               "until one does", queue.name, queue.ready + queue.delayed)
+        if undeclared is not None:
+            self.warned_undeclared = {q.name for q in undeclared}
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def loop(self) -> None:
+        interval = self.state.cfg.interval_s
+        while not self.stopped.wait(interval):
+            try:
+                self.round()
+            except Exception:  # the loop must outlive one bad round
+                logger.exception("planning round failed")
+
+    def start(self) -> None:
+        """Read the broker's warnings once, then run the loop in a daemon thread."""
+        if self._thread is not None:
+            return
+        try:
+            self.check_broker()
+        except Exception:  # a warning for the page must not stop the manager
+            logger.exception("broker check failed")
+        self._thread = threading.Thread(target=self.loop, name="manager-planner", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the loop (a round in progress finishes first), then close the recording.
+        Idempotent."""
+        self.stopped.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(STOP_WAIT_S)
+            if thread.is_alive():
+                logger.warning("planning round still running after %.0f s", STOP_WAIT_S)
+                return  # the recorder is still in use: the process exit closes it
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None

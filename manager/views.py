@@ -1,0 +1,69 @@
+"""What ``/api/v1/cluster``, ``/metrics`` and the admin page show, built from a
+:class:`~qcluster.manager.state.Snapshot`: pure (no clock, no lock, no I/O).
+
+Rates are computed over the data the manager holds, not over a full window it may not
+have yet (docs/manager.md, "Rates and load in the views").
+"""
+
+from __future__ import annotations
+
+from qcluster.manager.state import (
+    HostSnapshot,
+    QueueSnapshot,
+    Snapshot,
+    defined,
+    rate_out,
+    running_row,
+)
+from qcluster.messages import ClusterView, HostView, QueueView
+
+
+def cluster_view(snapshot: Snapshot) -> ClusterView:
+    """Queues and hosts by name, the slot map, decisions newest first, broker warnings."""
+    return ClusterView(
+        generated_at=snapshot.now,
+        queues=[queue_view(queue, snapshot.now) for queue in snapshot.queues],
+        hosts=[host_view(host) for host in snapshot.hosts],
+        slot_map={host: dict(row) for host, row in snapshot.slot_map.items()},
+        decisions=list(snapshot.decisions),
+        undeclared_queues=list(snapshot.undeclared),
+        broker_durability=list(snapshot.durability),
+    )
+
+
+def queue_view(queue: QueueSnapshot, now: float) -> QueueView:
+    """One row of the queue table.
+
+    ``slots_avg`` is the mean running count over the held history points (the running
+    count before the first); ``rate_in`` is ``rate_out`` plus the backlog's change over them.
+    """
+    stats, queue_plan, recent = queue.stats, queue.plan, queue.history
+    avg = (sum(p.slots_current for p in recent) / len(recent) if recent
+           else float(queue.running))
+    out = rate_out(queue.samples)
+    first_backlog = recent[0].backlog if recent else stats.ready
+    span = (now - recent[0].at) if len(recent) > 1 else 0.0
+    rate_in = out + ((stats.ready - first_backlog) / span if span > 0 else 0.0)
+    return QueueView(
+        name=queue.name, priority=queue.policy.priority, min_slots=queue.policy.min_slots,
+        max_slots=queue.policy.max_slots, slots_current=queue.running,
+        slots_planned=queue_plan.planned if queue_plan else queue.running, slots_avg=avg,
+        load=defined(queue_plan.load) if queue_plan else 0.0,
+        about_to_resize=queue_plan is not None and queue_plan.needed != queue.running,
+        backlog=stats.ready, locked=stats.locked, delayed=stats.delayed, dead=stats.dead,
+        rate_in=max(0.0, rate_in), rate_out=out,
+        mean_job_seconds=(queue_plan.mean_job_s if queue_plan
+                          else queue.policy.est_job_seconds),
+        paused=queue.paused,
+    )
+
+
+def host_view(host: HostSnapshot) -> HostView:
+    report = host.entry.report
+    return HostView(
+        name=host.name, alive=host.alive, capacity_slots=report.capacity_slots,
+        slots=running_row(report), planned=dict(host.planned),
+        mem_available_bytes=report.facts.mem_available_bytes,
+        pss_total_bytes=report.facts.pss_total_bytes, loadavg=report.facts.loadavg,
+        last_report_at=host.entry.received_at,
+    )

@@ -1,0 +1,166 @@
+"""The master's effects on processes: fork a slot, signal it, reap it, wait for its
+messages or a signal. Everything here touches the OS; nothing here decides.
+
+Signal handlers only queue the signal (no logging, no kill: a handler runs between two
+bytecodes of the loop, which may hold the logging lock); ``set_wakeup_fd`` writes a byte
+to a socket the selector watches, so the loop wakes and handles the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import selectors
+import signal
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from qcluster import exitcodes
+from qcluster.channel import Channel, slot_channel_pair
+from qcluster.errors import AppImportError, BrokerError, ConfigError, HandlerNotFound
+from qcluster.messages import MasterToSlot, SlotToMaster
+
+logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+#: Exceptions that end a forked slot, and the exit code the master decodes them by.
+CHILD_EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (HandlerNotFound, exitcodes.BOOT_ERROR),
+    (ConfigError, exitcodes.BOOT_ERROR),
+    (AppImportError, exitcodes.APP_IMPORT),
+    (BrokerError, exitcodes.BROKER_CONNECT),
+)
+SlotMain = Callable[[str, int, Channel[MasterToSlot]], int]
+"""What a forked slot runs: (queue, slot number, its channel end) -> exit code."""
+
+
+def set_parent_death_signal() -> None:
+    """Ask the kernel to SIGKILL this process when its parent (the master) dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def child_exit_code(exc: BaseException) -> int:
+    return next((code for cls, code in CHILD_EXIT_CODES if isinstance(exc, cls)),
+                exitcodes.FAILURE)
+
+
+class ProcessEffects:
+    def __init__(self) -> None:
+        self.signals: deque[int] = deque()
+        self.extra_fds: list[int] = []
+        """Inherited descriptors a slot must close (the HTTP endpoint's socket)."""
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._channels: dict[int, Channel[SlotToMaster]] = {}
+        self.fork_lock = threading.Lock()
+        """Held by whoever opens a short-lived socket in another thread (the /healthz
+        broker check): a fork meanwhile would leave a copy of it open in the slot."""
+
+    def install_signals(self) -> None:
+        self._wake_w.setblocking(False)
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, self.queue_signal)
+
+    def queue_signal(self, signum: int, frame: Any) -> None:
+        """The handler: NO LOGGING, just queue the signal (deque.append is atomic)."""
+        self.signals.append(signum)
+
+    def wait(self, timeout_s: float) -> list[int]:
+        """Sleep until a channel has messages, a signal came, or ``timeout_s``; returns the
+        pids of the slots whose channels have messages."""
+        ready: list[int] = []
+        for key, _ in self._selector.select(timeout_s):
+            if key.fileobj is self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    self._wake_r.recv(4096)
+            else:
+                ready.append(key.data)
+        return ready
+
+    def fork(self, queue: str, slot_no: int, main: SlotMain) -> int | None:
+        """Fork a slot running ``main``; returns its pid (its channel is watched by pid), or
+        None when another thread holds a socket this instant (the next pass forks)."""
+        if not self.fork_lock.acquire(blocking=False):
+            return None
+        master_pid = os.getpid()
+        try:
+            master_end, slot_end = slot_channel_pair()
+            pid = os.fork()
+        finally:
+            if os.getpid() == master_pid:
+                self.fork_lock.release()
+        if pid == 0:  # the slot
+            code = exitcodes.FAILURE
+            try:
+                master_end.close()
+                code = self._become_slot(master_pid, queue, slot_no, slot_end, main)
+            finally:
+                os._exit(code)
+        slot_end.close()
+        self._channels[pid] = master_end
+        self._selector.register(master_end.sock, selectors.EVENT_READ, pid)
+        return pid
+
+    def receive(self, pid: int) -> list[SlotToMaster]:
+        channel = self._channels.get(pid)
+        return channel.receive() if channel is not None else []
+
+    def send(self, pid: int, message: MasterToSlot) -> bool:
+        channel = self._channels.get(pid)
+        return channel.send(message) if channel is not None else False
+
+    def forget(self, pid: int) -> None:
+        channel = self._channels.pop(pid, None)
+        if channel is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(channel.sock)
+            channel.close()
+
+    def _become_slot(self, master_pid: int, queue: str, slot_no: int,
+                     channel: Channel[MasterToSlot], main: SlotMain) -> int:
+        set_parent_death_signal()
+        if os.getppid() != master_pid:  # the master died before prctl took effect
+            return exitcodes.FAILURE
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal stops no batch
+        self._selector.close()
+        for other in self._channels.values():
+            other.sock.close()
+        for fd in (self._wake_r.fileno(), self._wake_w.fileno(), *self.extra_fds):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            return int(main(queue, slot_no, channel))
+        except Exception as exc:  # the exit code tells the master a boot error from a crash
+            logger.exception("slot %d (%s) failed", slot_no, queue)
+            return child_exit_code(exc)
+
+    def signal(self, pid: int, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    def reap(self, *, block: bool = False) -> list[tuple[int, int]]:
+        """Ended children as (pid, exit code; negative: killed by that signal). Blocking:
+        waits for one."""
+        ended: list[tuple[int, int]] = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                return ended
+            if pid == 0:
+                return ended
+            ended.append((pid, os.waitstatus_to_exitcode(status)))
+            if block:
+                return ended

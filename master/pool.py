@@ -1,0 +1,125 @@
+"""This host's slots and what the master does to them: fork, stop, kill, receive, bury.
+
+The pool keeps each slot's :class:`~qcluster.master.slots.SlotRecord` (the pure state
+machine decides its transitions) and goes through :class:`ProcessEffects` for every
+effect on a process; restarts and job counters go to :class:`MasterCounters`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable, Sequence
+
+from qcluster import metrics
+from qcluster.master.counters import MasterCounters
+from qcluster.master.effects import ProcessEffects, SlotMain
+from qcluster.master.reconcile import Action, Fork, LiveSlot, Stop, Switch
+from qcluster.master.slots import KillReason, RestartBackoff, SlotRecord, decode_exit, on_message
+from qcluster.messages import BatchDone, SlotHello, StopSlot, SwitchQueue
+
+logger = logging.getLogger("qcluster.master.supervisor")
+
+
+class SlotPool:
+    def __init__(self, effects: ProcessEffects, counters: MasterCounters,
+                 slot_main: SlotMain, clock: Callable[[], float] = time.time) -> None:
+        self.effects = effects
+        self.counters = counters
+        self.backoff = RestartBackoff()
+        self.slots: dict[int, SlotRecord] = {}
+        self._slot_main = slot_main
+        self._wall_clock = clock
+
+    def slot_of(self, pid: int) -> SlotRecord | None:
+        return next((s for s in self.slots.values() if s.pid == pid), None)
+
+    def live(self) -> list[LiveSlot]:
+        """The slots as the reconcile step sees them."""
+        return [LiveSlot(s.slot_no, s.queue, s.state in ("idle", "starting"), s.stopping)
+                for s in self.slots.values()]
+
+    def apply(self, actions: Sequence[Action], now: float) -> None:
+        for action in actions:
+            if isinstance(action, Fork) and self.backoff.may_fork(action.queue, now):
+                self.fork(action.queue, now)
+            elif isinstance(action, Stop):
+                self.stop(self.slots[action.slot_no], "not in the row")
+            elif isinstance(action, Switch):
+                slot = self.slots[action.slot_no]
+                if self.effects.send(slot.pid, SwitchQueue(queue=action.queue)):
+                    slot.queue = action.queue
+
+    def fork(self, queue: str, now: float) -> None:
+        slot_no = next(n for n in range(len(self.slots) + 1) if n not in self.slots)
+        pid = self.effects.fork(queue, slot_no, self._slot_main)
+        if pid is None:
+            return
+        self.slots[slot_no] = SlotRecord(slot_no, pid, queue, self._wall_clock(), now, now)
+        logger.info("slot %d (pid %d) started on %s", slot_no, pid, queue)
+
+    def stop(self, slot: SlotRecord, reason: str) -> None:
+        """Graceful: the slot finishes and settles its batch, then exits."""
+        if slot.stopping:
+            return
+        slot.move("stopping", reason)
+        self.effects.send(slot.pid, StopSlot())
+        self.effects.signal(slot.pid, signal.SIGTERM)
+
+    def kill(self, slot: SlotRecord, reason: KillReason) -> None:
+        logger.warning("slot %d (pid %d, %s): SIGKILL, %s", slot.slot_no, slot.pid,
+                       slot.queue, reason)
+        slot.kill_reason = reason
+        self.effects.signal(slot.pid, signal.SIGKILL)
+
+    def kill_all(self) -> None:
+        for slot in self.slots.values():
+            self.effects.signal(slot.pid, signal.SIGKILL)
+
+    def receive(self, pid: int, now: float) -> None:
+        slot = self.slot_of(pid)
+        if slot is None:
+            return
+        for message in self.effects.receive(pid):
+            on_message(slot, message, now)
+            if isinstance(message, BatchDone):
+                self.counters.add_batch(message.queue, message.counters)
+                self.backoff.on_batch_done(slot.queue)
+            elif isinstance(message, SlotHello):
+                self.backoff.on_booted(slot.queue)
+
+    def ended(self, pid: int, code: int, now: float, *, master_stopping: bool) -> None:
+        """A child ended: forget its slot, count its restart, start its queue's backoff."""
+        slot = self.slot_of(pid)
+        if slot is None:
+            return
+        del self.slots[slot.slot_no]
+        self.effects.forget(pid)
+        metrics.mark_slot_dead(slot.slot_no)
+        reason = decode_exit(slot, code, master_stopping=master_stopping)
+        logger.info("slot %d (pid %d, %s) exited with %d%s", slot.slot_no, pid, slot.queue,
+                    code, f": restart ({reason})" if reason else "")
+        if reason is None:
+            return
+        self.counters.count_restart(slot.queue, reason)
+        fatal = self.backoff.on_restart(slot.queue, reason, now)
+        if fatal:
+            logger.error("queue %s is fatal on this host: %s", slot.queue, fatal)
+
+    def reap(self, now: float, *, master_stopping: bool) -> int:
+        """Bury every child that ended; returns how many."""
+        ended = self.effects.reap()
+        for pid, code in ended:
+            self.ended(pid, code, now, master_stopping=master_stopping)
+        return len(ended)
+
+    def bury_all(self, now: float) -> None:
+        """SIGKILL every slot and wait for each (the master's last act)."""
+        self.kill_all()
+        while self.slots:
+            ended = self.effects.reap(block=True)
+            if not ended:
+                break  # no child left to wait for
+            for pid, code in ended:
+                self.ended(pid, code, now, master_stopping=True)

@@ -1,0 +1,216 @@
+"""The RabbitMQ backend's connection layer: URL options, connecting with retries,
+heartbeats (sent by a thread, checked when reading), reading frames, and the channel used
+to inspect queues. The layers above (topology, publishing, consuming) and
+:class:`~qcluster.broker.kombu_broker.KombuBroker` build on :class:`AmqpLink`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import amqp
+
+from qcluster.broker.amqp_readahead import Connection
+from qcluster.broker.base import Broker, mask_url
+from qcluster.errors import BrokerError, BrokerUnavailable
+
+logger = logging.getLogger("qcluster.broker.kombu_broker")
+
+T = TypeVar("T")
+
+#: Longest single blocking read, so SIGTERM and master commands are noticed.
+MAX_BLOCK_S = 1.0
+#: Connection options read from the URL's query (seconds) and their defaults.
+URL_OPTIONS = {"heartbeat": 10.0, "connect_timeout": 5.0, "write_timeout": 10.0}
+
+
+def split_url_options(url: str) -> tuple[str, dict[str, float]]:
+    """The URL(s) without qcluster's connection options, and those options (seconds).
+
+    kombu would pass ``connect_timeout`` on as a string and refuses unknown options with
+    a TypeError; here they are numbers, checked, with defaults (:data:`URL_OPTIONS`).
+    """
+    options = dict(URL_OPTIONS)
+    urls = []
+    for one in url.split(";"):
+        parts = urlsplit(one)
+        rest = []
+        for piece in parts.query.split("&") if parts.query else []:
+            ((key, value),) = parse_qsl(piece, keep_blank_values=True) or [("", "")]
+            if key not in URL_OPTIONS:
+                rest.append(piece)  # as written: kombu reads it
+                continue
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = math.nan
+            if not math.isfinite(seconds) or seconds < 0 or seconds > 3600:
+                raise BrokerError(
+                    f"RabbitMQ URL option {key}={value!r}: want seconds between 0 and 3600"
+                )
+            options[key] = seconds
+        urls.append(urlunsplit(parts._replace(query="&".join(rest))))
+    return ";".join(urls), options
+
+
+
+class AmqpLink(Broker):
+    """One kombu connection (failover URLs round-robin) and what every layer needs of it."""
+
+    def __init__(
+        self, url: str, *, max_retries: int, connect_timeout_s: float | None,
+        confirm_timeout_s: float,
+    ) -> None:
+        kombu_url, options = split_url_options(url)
+        self.url = url
+        self.safe_url = mask_url(url)
+        self.max_retries = max_retries
+        self.confirm_timeout_s = confirm_timeout_s
+        self.heartbeat_s = options["heartbeat"]
+        self.conn = Connection(
+            kombu_url,
+            failover_strategy="round-robin",
+            transport_options={"write_timeout": options["write_timeout"] or None},
+            connect_timeout=connect_timeout_s or options["connect_timeout"],
+            heartbeat=self.heartbeat_s,
+        )
+        self._recoverable: tuple[type[BaseException], ...] = (
+            *self.conn.recoverable_connection_errors,
+            *self.conn.recoverable_channel_errors,
+            OSError,
+        )
+        self._generation = 0
+        self._inspect: Any = None
+        self._closed = threading.Event()
+        self._beats: threading.Thread | None = None
+        self._link: Any = None
+        """The py-amqp connection _connect last saw (the heartbeat thread's)."""
+        self._next_tick = 0.0
+
+    # --- connection handling --------------------------------------------------
+
+    def _connect(self) -> None:
+        try:
+            self.conn.ensure_connection(
+                max_retries=self.max_retries, interval_start=0.2, interval_step=0.5,
+                interval_max=3.0, errback=lambda exc, interval: self._waiting(),
+            )
+        except Exception as exc:
+            raise BrokerUnavailable(f"RabbitMQ at {self.safe_url} unreachable: {exc}") from exc
+        # The live py-amqp connection, for the heartbeat thread (which must never connect):
+        # kombu may have reconnected inside ensure_connection, so read it every time.
+        self._link = self.conn.connection
+        if self._beats is None and self.heartbeat_s > 0:
+            self._beats = threading.Thread(
+                target=self._send_heartbeats, args=(self._closed,),
+                name="qcluster-amqp-heartbeat", daemon=True,
+            )
+            self._beats.start()
+
+    def _send_heartbeats(self, closed: threading.Event) -> None:
+        """Keep the link alive while the slot's thread is busy in a handler: py-amqp
+        only sends heartbeats when asked, and a batch may run longer than two of them
+        (the broker would then drop the connection and hand the batch out again).
+        Writing a frame from here is safe: py-amqp serialises frame writes with a lock.
+        Receiving stays on the slot's thread, which checks the broker's heartbeats."""
+        while not closed.wait(self.heartbeat_s / 2):
+            connection = self._link  # None while disconnected; never connect here
+            try:
+                if connection is not None and connection.connected:
+                    connection.send_heartbeat()
+            except Exception:  # the slot's thread finds out and reconnects
+                logger.debug("sending a heartbeat failed", exc_info=True)
+
+    def _reset(self) -> None:
+        """Forget every channel: the broker returns their unacked jobs by itself. Each
+        layer forgets its own state first (its override), then calls this."""
+        self._generation += 1
+        self._link = None
+        self._inspect = None
+        try:
+            self.conn.collect()
+        except Exception:  # best effort on a connection that is already broken
+            logger.debug("collect after a connection error failed", exc_info=True)
+
+    def _waiting(self) -> None:
+        """Between reconnect attempts (each may take connect_timeout through a dead link):
+        let the caller show it is alive (Broker.on_wait)."""
+        if self.on_wait is not None:
+            self.on_wait()
+
+    def _retrying(self, op: Callable[[], T]) -> T:
+        for attempt in range(self.max_retries + 1):
+            try:
+                self._connect()
+                return op()
+            except BrokerError:
+                raise
+            except self._recoverable as exc:
+                logger.warning("RabbitMQ at %s: %s (attempt %d)", self.safe_url, exc, attempt + 1)
+                self._reset()
+                if attempt == self.max_retries:
+                    raise BrokerUnavailable(
+                        f"RabbitMQ at {self.safe_url} unreachable: {exc}"
+                    ) from exc
+                self._waiting()
+                time.sleep(min(0.1 * 2**attempt, 2.0))
+            except amqp.exceptions.AMQPError as exc:
+                self._reset()
+                raise BrokerError(f"RabbitMQ at {self.safe_url}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _drain(self, timeout_s: float) -> bool:
+        """Process incoming frames for up to ``timeout_s``; False when none came.
+
+        Heartbeats are checked after reading (whatever arrived while a handler ran is
+        read first), so a silent link raises ConnectionForced after two intervals."""
+        try:
+            self.conn.drain_events(timeout=max(timeout_s, 0.001))
+            got = True
+        except TimeoutError:  # socket.timeout is an alias
+            got = False
+        if self.heartbeat_s and time.monotonic() >= self._next_tick:
+            # py-amqp's tick costs more than a frame: at most a few times per heartbeat.
+            self._next_tick = time.monotonic() + self.heartbeat_s / 4
+            self.conn.connection.heartbeat_tick(rate=2)
+        return got
+
+    # --- inspecting -----------------------------------------------------------
+
+    def _inspector(self) -> Any:
+        if self._inspect is None:
+            self._inspect = self.conn.channel()
+        return self._inspect
+
+    def _count(self, name: str) -> int:
+        """Ready messages in queue ``name``; 0 when it does not exist."""
+        try:
+            return int(self._inspector().queue_declare(name, passive=True).message_count)
+        except amqp.exceptions.NotFound:
+            self._inspect = None  # the broker closed the channel
+            return 0
+
+    def _count_exists(self, name: str) -> bool:
+        try:
+            self._inspector().queue_declare(name, passive=True)
+            return True
+        except amqp.exceptions.NotFound:
+            self._inspect = None
+            return False
+
+    def ping(self) -> None:
+        self._retrying(lambda: None)
+
+    def close(self) -> None:
+        self._closed.set()  # stops the heartbeat thread
+        self._closed, self._beats = threading.Event(), None
+        try:
+            self.conn.release()
+        except Exception:  # closing a broken connection: nothing left to release
+            logger.debug("closing the RabbitMQ connection failed", exc_info=True)
+        self._reset()

@@ -1,0 +1,122 @@
+"""The RabbitMQ backend's message conventions: qcluster's headers and how a delivered
+message is read (counted redeliveries, malformed properties, dead letters), pure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from qcluster.broker.base import DeadJob
+from qcluster.job import JSON_CONTENT_TYPE, Delivery
+
+ATTEMPTS_HEADER = "x-qc-attempts"
+ACTIVATE_HEADER = "x-qc-activate-at"
+REASON_HEADER = "x-qc-reason"
+DEAD_AT_HEADER = "x-qc-dead-at"
+#: Present on a copy republished after its take ended without a settle (its slot died,
+#: or a lock expired): the slot runs it alone.
+SUSPECT_HEADER = "x-qc-suspect"
+
+
+def _uncounted_redelivery(message: Any) -> bool:
+    """Redelivered after a consumer died, on a queue that does not count deliveries."""
+    headers = message.headers or {}
+    return bool(message.delivery_info.get("redelivered")) and "x-delivery-count" not in headers
+
+
+def _released_headers(delivery: Delivery) -> dict[str, Any]:
+    """Headers of the copy of an unstarted job: its takes before this one, as before."""
+    headers: dict[str, Any] = {ATTEMPTS_HEADER: max(delivery.attempts - 1, 0),
+                               ACTIVATE_HEADER: delivery.activate_at}
+    if delivery.suspect:
+        headers[SUSPECT_HEADER] = 1
+    return headers
+
+
+def _whole(value: Any) -> int | None:
+    """A header's whole number, or None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if number >= 0 else None
+
+
+def _is_clean(text: str) -> bool:
+    """Valid Unicode text: py-amqp decodes an invalid UTF-8 string with escapes
+    (see :mod:`qcluster.broker.amqp_readahead`) instead of failing the whole read."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(value: Any) -> str:
+    """``value`` as clean text: invalid bytes (escaped by the reader) become U+FFFD."""
+    text = value if isinstance(value, str) else str(value)
+    if _is_clean(text):
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _malformed_delivery(
+    message: Any, exc: BaseException, receipt: tuple[int, int], now: float, why: str
+) -> Delivery:
+    """A delivery the slot dead-letters without running: the message's properties or
+    headers could not be read (the reason says which)."""
+    properties = getattr(message, "properties", None) or {}
+    raw_id = properties.get("message_id") or f"amqp-{receipt[1]}"
+    body = getattr(message, "body", b"")
+    return Delivery(
+        id=_printable(raw_id)[:200],
+        body=body if isinstance(body, bytes) else _printable(body).encode(),
+        attempts=1, activate_at=now, taken_at=now, content_type=JSON_CONTENT_TYPE,
+        receipt=receipt,
+        malformed=why or _printable(f"malformed: {_what_is_wrong(message, exc)}")[:1000],
+    )
+
+
+def _what_is_wrong(message: Any, exc: BaseException) -> str:
+    headers = getattr(message, "headers", None) or {}
+    for name, check in ((ATTEMPTS_HEADER, _whole), ("x-delivery-count", _whole),
+                        (ACTIVATE_HEADER, _finite)):
+        if name in headers and check(headers[name]) is None:
+            return f"header {name}={headers[name]!r} is not a valid value"
+    message_id = (getattr(message, "properties", None) or {}).get("message_id")
+    if isinstance(message_id, str) and not _is_clean(message_id):
+        return "message_id is not valid UTF-8"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _body(message: Any) -> bytes:
+    body = message.body
+    return body if isinstance(body, bytes) else _printable(body).encode()
+
+
+def _dead_job(queue: str, message: Any) -> DeadJob:
+    headers = message.properties.get("application_headers") or {}
+    reason = headers.get(REASON_HEADER, "")
+    return DeadJob(
+        id=_printable(message.properties.get("message_id") or ""),
+        queue=queue,
+        body=_body(message).decode("utf-8", "replace"),
+        reason=reason.decode("utf-8", "replace") if isinstance(reason, bytes)
+        else _printable(reason),
+        attempts=_whole(headers.get(ATTEMPTS_HEADER, 0)) or 0,
+        dead_at=_finite(headers.get(DEAD_AT_HEADER, 0.0)) or 0.0,
+    )

@@ -1,0 +1,63 @@
+"""A bad policy reads as one line naming each field, from ``@app.queue(...)`` as from
+``[queues.NAME]`` in qcluster.toml (issue 15: bad values are refused with one clear line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qcluster import App
+from qcluster.config import load_settings
+from qcluster.errors import ConfigError
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ({"dead_max_age": float("nan")}, "queue 'x': dead_max_age: Input should be a finite number"),
+    ({"bogus": 1}, "queue 'x': bogus: Extra inputs are not permitted"),
+    ({"priority": "high", "max_slots": -1},
+     "queue 'x': priority: Input should be a valid integer, unable to parse string as an "
+     "integer; max_slots: Input should be greater than or equal to 0"),
+])
+def test_a_bad_app_queue_policy_is_one_line_per_field(policy: dict[str, Any],
+                                                      expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        App().queue("x", **policy)
+    assert str(caught.value) == expected
+
+
+def test_a_policy_wide_rule_names_the_policy_and_keeps_its_reason() -> None:
+    with pytest.raises(ConfigError) as caught:
+        App().queue("x", lock_timeout=5, batch_timeout=10)
+    message = str(caught.value)
+    assert message.startswith("queue 'x': policy: lock_timeout (5s) must be at least")
+    assert "\n" not in message and "Value error" not in message
+
+
+def test_the_config_file_names_the_queue_and_field_the_same_way(tmp_path: Path) -> None:
+    config = tmp_path / "qcluster.toml"
+    config.write_text("[queues.mail]\ndead_max_age = 0.5\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert "queues.mail.dead_max_age: Input should be greater than or equal to 1" in str(
+        caught.value)
+
+
+def test_a_configuration_file_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
+    """It ended in a UnicodeDecodeError traceback (chaos row B4, engineer S)."""
+    config = tmp_path / "qcluster.toml"
+    config.write_bytes(b"\xff\xfe = 1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert str(caught.value) == f"{config}: not valid TOML: not UTF-8 (byte 0 is 0xff)"
+
+
+@pytest.mark.parametrize("name", ["a b", "[x]", "-lead", "q{1}", ""])
+def test_a_queue_section_outside_the_name_rule_is_refused(tmp_path: Path, name: str) -> None:
+    """``[queues."a b"]`` was accepted and the manager and masters started (row B4)."""
+    config = tmp_path / "qcluster.toml"
+    config.write_text(f'[queues."{name}"]\npriority = 1\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert f'[queues."{name}"]: invalid queue name' in str(caught.value)

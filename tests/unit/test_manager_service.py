@@ -1,0 +1,188 @@
+"""The manager's service without HTTP and without a broker server: pause, resume and drain
+take effect at the next round (and a drained host's next reply), reads change nothing, the
+round prunes, and the FastAPI lifespan starts and stops the loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+from fastapi.testclient import TestClient
+
+from qcluster.broker.base import Broker, DeadJob, QueueStats
+from qcluster.errors import BrokerUnavailable
+from qcluster.manager.api import create_app
+from qcluster.manager.recorder import Recorder
+from qcluster.manager.service import ManagerService
+from tests.unit.test_manager_state import report as host_report
+from tests.unit.test_manager_state import state
+
+
+class FakeBroker:
+    """The broker calls the service makes, answered from a dict of stats."""
+
+    def __init__(self) -> None:
+        self.ready: dict[str, int] = {}
+        self.stats_calls = 0
+        self.down: str | None = None
+        """Every call raises BrokerUnavailable with this reason."""
+
+    def _answer(self) -> None:
+        if self.down is not None:
+            raise BrokerUnavailable(self.down)
+
+    def stats(self, queue: str) -> QueueStats:
+        self.stats_calls += 1
+        self._answer()
+        return QueueStats(ready=self.ready.get(queue, 0))
+
+    def queues(self) -> list[str]:
+        self._answer()
+        return sorted(self.ready)
+
+    def ping(self) -> None:
+        self._answer()
+
+    def durability(self) -> list[str]:
+        return []
+
+    def dead_jobs(self, queue: str, *, limit: int = 100) -> list[DeadJob]:
+        return []
+
+    def requeue_dead(self, queue: str) -> int:
+        return 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def service(window_s: float = 10.0) -> tuple[ManagerService, FakeBroker, Clock]:
+    broker, clock = FakeBroker(), Clock()
+    return (ManagerService(state(window_s=window_s), cast(Broker, broker), "s3cret",
+                           clock=clock), broker, clock)
+
+
+def test_a_paused_queue_gets_no_slot_from_the_next_round_until_resumed() -> None:
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.round()
+    assert manager.state.slot_map["a"]["mail"] > 2
+    manager.pause("mail")
+    assert manager.state.slot_map["a"]["mail"] > 2  # a command, applied by the round
+    clock.now += 1
+    manager.round()
+    assert manager.state.slot_map["a"].get("mail", 0) == 0
+    assert next(q for q in manager.cluster_view().queues if q.name == "mail").paused
+    manager.resume("mail")
+    clock.now += 1
+    manager.round()
+    assert manager.state.slot_map["a"]["mail"] > 0
+    assert not next(q for q in manager.cluster_view().queues if q.name == "mail").paused
+
+
+def test_a_drained_host_gets_an_empty_row_at_once_and_its_slots_move() -> None:
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.receive(host_report("b", {"mail": 2}))
+    manager.round()
+    assert manager.state.slot_map["b"]
+    manager.drain("b")
+    assert manager.receive(host_report("b", {"mail": 2})).row == {}  # before any round
+    clock.now += 1
+    manager.round()
+    assert "b" not in manager.state.slot_map and manager.state.slot_map["a"]["mail"] > 0
+    hosts = {h.name: h.alive for h in manager.cluster_view().hosts}
+    assert hosts == {"a": True, "b": False}
+
+
+def test_reads_change_nothing_and_the_round_prunes_the_window() -> None:
+    """ClusterState.window() dropped old samples on a read path (views, /metrics)."""
+    manager, _, clock = service(window_s=10.0)
+    manager.receive(host_report("a", {"mail": 1}, processed=50))
+    clock.now += 60  # the sample is older than the window now
+    manager.receive(host_report("a", {"mail": 1}, processed=50))
+    held = manager.state.tracks["mail"].samples
+    assert len(held) == 2
+    view = manager.cluster_view()
+    manager.state.window("mail", clock.now)
+    manager.queue_history("mail")
+    assert len(held) == 2  # read three ways: still held
+    (mail,) = [q for q in view.queues if q.name == "mail"]
+    assert mail.rate_out == 50.0  # ... and not counted: only the recent sample is
+    manager.round()
+    assert len(held) == 1
+
+
+def test_the_round_observes_the_broker_then_decides_and_acts() -> None:
+    manager, broker, _ = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 1}))
+    observed = manager.observe()
+    assert broker.stats_calls >= 1 and manager.state.stats["mail"].ready == 5000
+    assert [q.name for q in observed.queues] == ["mail", "noop"]
+    assert manager.state.slot_map == {}  # observing publishes nothing
+    manager.round()
+    assert manager.state.generation == 1 and manager.state.decisions
+    assert manager.receive(host_report("a", {"mail": 1})).row == manager.state.slot_map["a"]
+
+
+def test_the_lifespan_starts_and_stops_the_loop_and_closes_the_recording(
+        tmp_path: Path) -> None:
+    manager, _, _ = service()
+    recorder = Recorder(tmp_path / "rec.jsonl", interval_s=1.0, started_at=1000.0)
+    manager.recorder = recorder
+    with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:
+        assert client.get("/healthz").status_code == 200
+        thread = manager._thread
+        assert thread is not None and thread.is_alive()
+    assert not thread.is_alive() and manager.stopped.is_set()
+    assert manager.recorder is None and recorder._file.closed
+    manager.stop()  # twice is harmless
+
+
+def test_without_the_lifespan_no_loop_runs() -> None:
+    manager, _, _ = service()
+    client = TestClient(create_app(manager), base_url="http://127.0.0.1")
+    assert client.get("/healthz").status_code == 200
+    assert manager._thread is None
+
+
+def test_healthz_says_degraded_while_the_last_broker_read_failed() -> None:
+    """Chaos row F8: /healthz said ok while every round logged the broker's refusal."""
+    manager, broker, clock = service()
+    client = TestClient(create_app(manager), base_url="http://127.0.0.1")
+    manager.receive(host_report("a", {"mail": 1}))
+    manager.round()
+    assert client.get("/healthz").json() == {"status": "ok"}
+    broker.down = "redis://127.0.0.1:1/0: Connection refused\n(after 3 attempts)"
+    clock.now += 1
+    manager.round()
+    reply = client.get("/healthz")
+    assert reply.status_code == 200  # alive: masters keep their rows meanwhile
+    assert reply.json() == {"status": "degraded",
+                            "broker": "redis://127.0.0.1:1/0: Connection refused"}
+    manager.check_broker()  # the listing fails too
+    assert client.get("/healthz").json()["status"] == "degraded"
+    broker.down = None
+    clock.now += 1
+    manager.round()
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_with_no_queue_to_read_a_degraded_manager_pings_the_broker() -> None:
+    manager, broker, _ = service()
+    broker.down = "refused"
+    manager.check_broker()
+    assert manager.health() == {"status": "degraded", "broker": "refused"}
+    manager.round()  # no queue known: nothing read but the ping
+    assert manager.health()["status"] == "degraded"
+    broker.down = None
+    manager.round()
+    assert manager.health() == {"status": "ok"}
