@@ -11,7 +11,7 @@ with a NaN, a negative or an out-of-range figure gets 422.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from qcluster.errors import BrokerError
 from qcluster.manager.service import ManagerService
 from qcluster.messages import Assignment, HistoryPoint, HostReport
 from qcluster.policy import QUEUE_NAME_PATTERN
@@ -85,26 +86,53 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     def history(queue: NamePath) -> list[HistoryPoint]:
         return service.queue_history(queue)
 
-    @app.post("/api/v1/queues/{queue}/pause", tags=["control"], dependencies=guarded)
-    def pause(queue: NamePath) -> dict[str, Any]:
-        """Plan no slot for the queue until it is resumed."""
-        service.pause(queue)
-        return {"queue": queue, "paused": True}
+    def actor(authorization: Annotated[str | None, Header()] = None) -> str:
+        """The name of the request's token (who changes a control); 401 without one."""
+        name = service.token_name(bearer_token(authorization))
+        if name is None:
+            raise HTTPException(401, "a valid token is required (Authorization: Bearer ...)",
+                                headers={"WWW-Authenticate": "Bearer"})
+        return name
+
+    def stored(change: Callable[[], Any]) -> Any:
+        """A control change, or 503 when the broker cannot keep it (nothing changed)."""
+        try:
+            return change()
+        except BrokerError as exc:
+            raise HTTPException(503, f"the broker did not store the change: {exc}") from None
+
+    @app.get("/api/v1/controls", tags=["control"])
+    def controls() -> list[dict[str, Any]]:
+        """Pauses and drains in force, each with who (the token's name) and when."""
+        return [c.model_dump() for c in service.controls()]
+
+    @app.post("/api/v1/queues/{queue}/pause", tags=["control"])
+    def pause(queue: NamePath, by: str = Depends(actor)) -> dict[str, Any]:
+        """Plan no slot for the queue until it is resumed (kept in the broker: a restarted
+        manager keeps it)."""
+        control = stored(lambda: service.pause(queue, by))
+        return {"queue": queue, "paused": True, "by": control.by, "at": control.at}
 
     @app.post("/api/v1/queues/{queue}/resume", tags=["control"], dependencies=guarded)
     def resume(queue: NamePath) -> dict[str, Any]:
-        service.resume(queue)
+        stored(lambda: service.resume(queue))
         return {"queue": queue, "paused": False}
 
     @app.post("/api/v1/queues/{queue}/requeue-dead", tags=["control"], dependencies=guarded)
     def requeue_dead(queue: NamePath) -> dict[str, Any]:
         return {"queue": queue, "requeued": service.requeue_dead(queue)}
 
-    @app.post("/api/v1/hosts/{host}/drain", tags=["control"], dependencies=guarded)
-    def drain(host: NamePath) -> dict[str, Any]:
-        """Plan no slot on the host (its slots move to the others) until the manager restarts."""
-        service.drain(host)
-        return {"host": host, "drained": True}
+    @app.post("/api/v1/hosts/{host}/drain", tags=["control"])
+    def drain(host: NamePath, by: str = Depends(actor)) -> dict[str, Any]:
+        """Plan no slot on the host (its slots move to the others) until it is undrained
+        (kept in the broker: a restarted manager keeps it)."""
+        control = stored(lambda: service.drain(host, by))
+        return {"host": host, "drained": True, "by": control.by, "at": control.at}
+
+    @app.post("/api/v1/hosts/{host}/undrain", tags=["control"], dependencies=guarded)
+    def undrain(host: NamePath) -> dict[str, Any]:
+        stored(lambda: service.undrain(host))
+        return {"host": host, "drained": False}
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

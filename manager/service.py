@@ -3,8 +3,8 @@
 The HTTP routes (``manager/api.py``) and the admin pages only call its methods. Every
 ``interval_s`` the loop runs one round::
 
-    observe   broker stats (under the broker lock), then the state's reports and
-              counters (under the state lock): a RoundInput
+    observe   the controls (pause, drain) and broker stats (under the broker lock),
+              then the state's reports and counters (under the state lock): a RoundInput
     decide    manager.rounds.decide: plan and place, pure, outside any lock
     act       publish the slot map (the next replies carry it), log the decisions,
               add the history points, write the recording
@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 
 from qcluster.broker.base import Broker, DeadJob, QueueStats
+from qcluster.controls import UNNAMED_TOKEN, Control, ControlKind
 from qcluster.errors import BrokerError, ConfigError
+from qcluster.manager.controls import ControlStore
 from qcluster.manager.recorder import Recorder
 from qcluster.manager.rounds import RoundInput, RoundResult, decide
 from qcluster.manager.state import ClusterState
@@ -50,7 +52,8 @@ class ManagerService:
 
     def __init__(self, state: ClusterState, broker: Broker, token: str | None,
                  clock: Callable[[], float] = time.time,
-                 recorder: Recorder | None = None) -> None:
+                 recorder: Recorder | None = None,
+                 tokens: dict[str, str] | None = None) -> None:
         self.state = state
         self.broker = broker
         self.token = token
@@ -67,6 +70,13 @@ class ManagerService:
         self.broker_problem: str | None = None
         """Why the loop's last broker read failed; None once one succeeds (/healthz)."""
         self._thread: threading.Thread | None = None
+        self.control_store = ControlStore(broker)
+        """Pause and drain, kept in the broker (``manager/controls.py``)."""
+        named = tokens if tokens is not None else getattr(state.settings, "tokens", None)
+        self.tokens: dict[str, str] = {**(named or {})}
+        """Token name -> secret: the named ones and the unnamed ``token`` ("token")."""
+        if token:
+            self.tokens[UNNAMED_TOKEN] = token
 
     # --- commands: the routes' and the masters' ------------------------------------
 
@@ -75,20 +85,56 @@ class ManagerService:
         with self.lock:
             return self.state.receive(report, self.clock())
 
-    def pause(self, queue: str) -> None:
-        """Plan no slot for the queue until it is resumed (from the next round)."""
-        with self.lock:
-            self.state.paused.add(queue)
+    def pause(self, queue: str, by: str = UNNAMED_TOKEN) -> Control:
+        """Plan no slot for the queue until it is resumed (from the next round); kept in
+        the broker, so a restarted manager keeps it. Raises BrokerError when the broker
+        cannot store it (nothing changes then)."""
+        return self._set_control("pause", queue, by)
 
     def resume(self, queue: str) -> None:
-        with self.lock:
-            self.state.paused.discard(queue)
+        self._clear_control("pause", queue)
 
-    def drain(self, host: str) -> None:
-        """Plan no slot on the host until the manager restarts: its next reply is an empty
-        row, and the next round places its slots on the others."""
+    def drain(self, host: str, by: str = UNNAMED_TOKEN) -> Control:
+        """Plan no slot on the host until it is undrained: its next reply is an empty
+        row, and the next round places its slots on the others. Kept in the broker."""
+        return self._set_control("drain", host, by)
+
+    def undrain(self, host: str) -> None:
+        self._clear_control("drain", host)
+
+    def controls(self) -> list[Control]:
+        """The pauses and drains in force, with who set them and when (by kind, name)."""
         with self.lock:
-            self.state.drained.add(host)
+            return sorted(self.state.controls.values(), key=lambda c: (c.kind, c.name))
+
+    def _set_control(self, kind: ControlKind, name: str, by: str) -> Control:
+        control = Control(kind=kind, name=name, by=by, at=self.clock())
+        with self.broker_lock:  # held while the state follows: a round's read cannot interleave
+            self.control_store.set(control)
+            with self.lock:
+                self.state.add_control(control)
+        logger.info("%s %s by %s", kind, name, by)
+        return control
+
+    def _clear_control(self, kind: ControlKind, name: str) -> None:
+        with self.broker_lock:
+            self.control_store.clear(kind, name)
+            with self.lock:
+                self.state.remove_control(kind, name)
+        logger.info("%s %s", "resume" if kind == "pause" else "undrain", name)
+
+    def read_controls(self) -> None:
+        """The broker's controls replace the state's (a restart, or a second manager's
+        change, is seen within a round); a failed read keeps the ones held."""
+        with self.broker_lock:
+            try:
+                controls = self.control_store.read()
+            except BrokerError as exc:
+                logger.warning("reading the controls failed: %s", exc)
+                return
+            if controls is not None:
+                with self.lock:
+                    self.state.set_controls(controls)
 
     # --- ClusterSource -------------------------------------------------------------
 
@@ -110,8 +156,18 @@ class ManagerService:
             return self.broker.requeue_dead(queue)
 
     def check_token(self, token: str | None) -> bool:
-        return bool(self.token) and token is not None and secrets.compare_digest(
-            token.encode(), (self.token or "").encode())
+        return self.token_name(token) is not None
+
+    def token_name(self, token: str | None) -> str | None:
+        """The name of the token (``[tokens]`` NAME, or "token" for the unnamed one) that
+        ``token`` is; None when it is none of them. Every one is compared (in constant
+        time), so the answer's timing does not say which one nearly matched."""
+        found = None
+        for name, secret in self.tokens.items():
+            if token is not None and secret and secrets.compare_digest(
+                    token.encode(), secret.encode()):
+                found = name
+        return found
 
     def health(self) -> dict[str, str]:
         """``ok``, or ``degraded`` with the reason while the loop's last broker read failed
@@ -130,6 +186,7 @@ class ManagerService:
     def observe(self) -> RoundInput:
         """Broker stats for every known queue, then the state at ``now``; drops the
         samples older than the window and counts the jobs arrived since the last round."""
+        self.read_controls()
         stats = self._broker_stats()
         now = self.clock()  # the broker's counts are as of now (the arrivals depend on it)
         if time.monotonic() >= self.next_broker_check:
@@ -235,6 +292,10 @@ class ManagerService:
         """Read the broker's warnings once, then run the loop in a daemon thread."""
         if self._thread is not None:
             return
+        try:
+            self.read_controls()  # before the first reply: a drained host gets its empty row
+        except Exception:  # the loop reads them again each round
+            logger.exception("reading the controls failed")
         try:
             self.check_broker()
         except Exception:  # a warning for the page must not stop the manager

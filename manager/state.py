@@ -1,6 +1,7 @@
 """The manager's memory: latest report per host, a window of counters, broker stats,
-the slot map, the decision log and each queue's last hour. Nothing is persisted: a
-restarted manager rebuilds the current map from the next reports.
+the slot map, the decision log and each queue's last hour. Nothing is persisted here: a
+restarted manager rebuilds the current map from the next reports, and reads the pauses and
+drains back from the broker, where the service keeps them (``manager/controls.py``).
 
 Plain data, no lock and no I/O: the service (``manager/service.py``) serialises every
 access under its lock. Time is passed in (``now`` = wall-clock seconds), so rounds can be
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from qcluster.broker.base import QueueStats
 from qcluster.config import Settings
+from qcluster.controls import Control, ControlKind
 from qcluster.manager.arrivals import ArrivalCount, ArrivalLedger, unreported
 from qcluster.manager.planning import QueueInput, QueuePlan, QueueWindow
 from qcluster.manager.rounds import RoundInput, RoundResult, decide
@@ -151,6 +153,9 @@ class ClusterState:
         self.decisions: deque[DecisionView] = deque(maxlen=self.cfg.decisions_kept)
         self.paused: set[str] = set()
         self.drained: set[str] = set()
+        self.controls: dict[str, Control] = {}
+        """The pauses and drains in force with who/when, as the broker last said
+        (``manager/controls.py``); ``paused`` and ``drained`` follow them."""
         self.planned_once = False
         self.undeclared: list[UndeclaredQueueView] = []
         self.durability: list[str] = []
@@ -176,6 +181,20 @@ class ClusterState:
             row = running_row(report)  # not planned yet: keep what the host runs
         return Assignment(generation=self.generation, row=dict(row),
                           report_interval_s=self.cfg.interval_s)
+
+    def set_controls(self, controls: dict[str, Control]) -> None:
+        """The controls read back from the broker replace the ones held (a second manager,
+        or a restart, sees the same pauses and drains)."""
+        self.controls = dict(controls)
+        self.paused = {c.name for c in controls.values() if c.kind == "pause"}
+        self.drained = {c.name for c in controls.values() if c.kind == "drain"}
+
+    def add_control(self, control: Control) -> None:
+        self.set_controls({**self.controls, control.key: control})
+
+    def remove_control(self, kind: ControlKind, name: str) -> None:
+        self.set_controls({key: c for key, c in self.controls.items()
+                           if (c.kind, c.name) != (kind, name)})
 
     def set_stats(self, stats: dict[str, QueueStats]) -> None:
         self.stats.update(stats)

@@ -244,6 +244,19 @@ class Broker(ABC):
         (``qcluster stats``, the admin page); empty when there is nothing to say."""
         return []
 
+    # --- operator controls (qcluster.controls; the manager's pause and drain) ---------
+
+    def read_controls(self) -> dict[str, bytes] | None:
+        """Every stored control, ``KIND:NAME`` -> its stored value. None: they cannot be
+        read just now (RabbitMQ: another process holds them for a moment); the caller
+        keeps what it read last. Raises BrokerError when the broker does not answer."""
+        raise NotImplementedError(f"{type(self).__name__} cannot store controls")
+
+    def write_control(self, key: str, value: bytes | None) -> None:
+        """Store ``value`` under ``key`` (``KIND:NAME``), replacing it; None deletes it.
+        Returns once the broker holds the change."""
+        raise NotImplementedError(f"{type(self).__name__} cannot store controls")
+
     @abstractmethod
     def ping(self) -> None:
         """Raise BrokerUnavailable if the broker does not answer."""

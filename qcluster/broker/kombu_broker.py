@@ -44,6 +44,13 @@ How the queue-server contract maps onto AMQP (README, "Backend semantics"):
   (so a long batch keeps the link alive) and checked each time frames are read, so a
   dead link ends in a reconnect or a clear error; ``?connect_timeout=`` and
   ``?write_timeout=`` bound connecting and writing.
+- Operator controls (the manager's pause and drain, :mod:`qcluster.controls`) are one JSON
+  document, ``{"KIND:NAME": value}``, the only message of the durable queue ``qc~controls``
+  (``x-max-length`` 1): AMQP cannot list queues, so one place holds them all. A reader
+  takes the message unacknowledged and gives it back (closes its channel); a writer holds it
+  while it publishes the changed document (confirmed), then acks the old one, so two
+  managers' changes do not overwrite each other. While another process holds it, a reader
+  finds the queue empty and keeps what it read last (``read_controls`` returns None).
 - ``stats``: ready and delayed come from the broker (``queue_declare(passive=True)``);
   AMQP cannot report other consumers' unacked messages, so ``locked`` counts only what
   this process holds.
@@ -51,10 +58,12 @@ How the queue-server contract maps onto AMQP (README, "Backend semantics"):
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
 
+import amqp
 from kombu.transport import native_delayed_delivery as ndd
 
 from qcluster.broker.amqp_consume import BATCH_FILL_S, Consuming
@@ -70,6 +79,7 @@ from qcluster.broker.amqp_messages import (
     _printable,
     _released_headers,
 )
+from qcluster.broker.amqp_periodic import PeriodicLedger
 from qcluster.broker.amqp_topology import (
     TOP_LEVEL,
     dead_queue_name,
@@ -91,6 +101,13 @@ __all__ = [
 
 #: dead_jobs reads at most this many dead messages to find the newest ones.
 DEAD_SCAN_LIMIT = 10_000
+#: The operator controls' document: the only message of this queue (see the docstring).
+CONTROLS_QUEUE = "qc~controls"
+CONTROLS_ARGUMENTS = {"x-max-length": 1}
+#: A writer that finds the document held by another process tries again this often, this
+#: long apart (a reader holds it for a round trip), then writes on an empty document.
+CONTROL_HOLD_TRIES = 20
+CONTROL_HOLD_WAIT_S = 0.05
 
 
 class KombuBroker(Consuming):
@@ -115,6 +132,8 @@ class KombuBroker(Consuming):
         self._retention = DeadRetention(dead_max_count, dead_max_age_s)
         super().__init__(url, max_retries=max_retries, connect_timeout_s=connect_timeout_s,
                          confirm_timeout_s=confirm_timeout_s)
+        self._periodic = PeriodicLedger(self.conn, confirm_timeout_s)
+        """Periodic jobs' lock and ledger (:mod:`~qcluster.broker.amqp_periodic`)."""
 
     # --- settling -------------------------------------------------------------
 
@@ -251,6 +270,64 @@ class KombuBroker(Consuming):
 
         return self._retrying(purge)
 
+    # --- operator controls -----------------------------------------------------
+
+    def _controls_channel(self) -> Any:
+        channel = self.conn.channel()
+        channel.queue_declare(CONTROLS_QUEUE, durable=True, auto_delete=False,
+                              arguments=CONTROLS_ARGUMENTS)
+        return channel
+
+    def read_controls(self) -> dict[str, bytes] | None:
+        def read() -> dict[str, bytes] | None:
+            channel = self._controls_channel()
+            try:
+                message = channel.basic_get(CONTROLS_QUEUE, no_ack=False)
+                return None if message is None else _control_document(_body(message))
+            finally:
+                channel.close()  # unacked: the broker puts the document back
+
+        return self._retrying(read)
+
+    def write_control(self, key: str, value: bytes | None) -> None:
+        def write() -> None:
+            channel = self._controls_channel()
+            try:
+                held = None
+                for _ in range(CONTROL_HOLD_TRIES):
+                    held = channel.basic_get(CONTROLS_QUEUE, no_ack=False)
+                    if held is not None:
+                        break
+                    time.sleep(CONTROL_HOLD_WAIT_S)  # never written, or held elsewhere
+                document = _control_document(_body(held)) if held is not None else {}
+                if value is None:
+                    document.pop(key, None)
+                else:
+                    document[key] = value
+                body = json.dumps({k: v.decode("utf-8", "replace")
+                                   for k, v in sorted(document.items())})
+                channel.basic_publish_confirm(
+                    amqp.Message(body, delivery_mode=2, content_type="application/json"),
+                    exchange="", routing_key=CONTROLS_QUEUE,
+                    confirm_timeout=self.confirm_timeout_s)
+                if held is not None:
+                    channel.basic_ack(held.delivery_tag)
+            finally:
+                channel.close()
+
+        self._retrying(write)
+
+    # --- periodic jobs (the lock and the ledger: qcluster.broker.amqp_periodic) ------
+
+    def claim_tick(self, job: str, tick_ms: int) -> bool:
+        return self._retrying(lambda: self._periodic.claim(job, tick_ms))
+
+    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
+        self._retrying(lambda: self._periodic.unclaim(job, tick_ms, previous_ms))
+
+    def last_ticks(self) -> dict[str, int]:
+        return self._retrying(self._periodic.last_ticks)
+
     def delete_queue(self, queue: str) -> None:
         """Remove the queue, its dead-letter queue and its delay ladder (tests; loses jobs)."""
 
@@ -272,3 +349,15 @@ class KombuBroker(Consuming):
                 self._active = None
 
         self._retrying(delete)
+
+
+def _control_document(body: bytes) -> dict[str, bytes]:
+    """The controls' document; a message that is not one counts as empty (it is replaced
+    at the next write)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(document, dict):
+        return {}
+    return {str(k): v.encode() for k, v in document.items() if isinstance(v, str)}

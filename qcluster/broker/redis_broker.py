@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "qc"
 QUEUES_KEY = f"{KEY_PREFIX}:queues"
+#: Operator controls (the manager's pause and drain): one small field per control, named
+#: ``KIND:NAME``, in one hash, so that reading them all is one atomic round trip and they
+#: sit in one hash slot of a Redis Cluster.
+CONTROLS_KEY = f"{KEY_PREFIX}:{{controls}}"
 #: Lua's unpack() is limited to a few thousand values; publish in chunks below it.
 PUBLISH_CHUNK = 500
 #: Longest single wait on the wake list, so SIGTERM and delayed jobs are noticed.
@@ -316,6 +320,21 @@ class RedisBroker(Broker):
         with self._errors():
             self.client.delete(*_keys(queue).values())
             self.client.srem(QUEUES_KEY, queue)
+
+    # --- operator controls -----------------------------------------------------
+
+    def read_controls(self) -> dict[str, bytes] | None:
+        """One round trip (HGETALL of the controls' hash)."""
+        with self._errors():
+            stored: dict[bytes, bytes] = self.client.hgetall(CONTROLS_KEY)  # type: ignore[assignment]
+        return {key.decode("utf-8", "replace"): value for key, value in stored.items()}
+
+    def write_control(self, key: str, value: bytes | None) -> None:
+        with self._errors():
+            if value is None:
+                self.client.hdel(CONTROLS_KEY, key)
+            else:
+                self.client.hset(CONTROLS_KEY, key, value)
 
     def ping(self) -> None:
         with self._errors():

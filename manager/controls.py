@@ -1,0 +1,60 @@
+"""Where the manager keeps pause and drain: in the broker, so that they survive it.
+
+Every control is written to the broker when it is set (``Broker.write_control``) and the
+planning loop reads them all back each round (``Broker.read_controls``): a restarted
+manager, or a second one started by mistake, plans with the same pauses and drains within
+a round. The service (``manager/service.py``) is the only caller; the state keeps what the
+last read said (``ClusterState.set_controls``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from qcluster.controls import Control, ControlKind, control_key, parse_stored
+
+logger = logging.getLogger(__name__)
+
+
+class ControlStore:
+    """The broker's controls, read and written as :class:`~qcluster.controls.Control`.
+
+    A broker object without control storage (a test's stand-in) keeps them in this
+    process's memory, as every manager did before.
+    """
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.in_memory: dict[str, bytes] | None = (
+            None if hasattr(broker, "write_control") else {})
+
+    def read(self) -> dict[str, Control] | None:
+        """Every control in force by key; None: not readable just now (keep the last).
+        Raises BrokerError when the broker does not answer."""
+        stored = (dict(self.in_memory) if self.in_memory is not None
+                  else self.broker.read_controls())
+        if stored is None:
+            return None
+        controls = {}
+        for key, value in stored.items():
+            control = parse_stored(key, value)
+            if control is None:
+                logger.warning("ignoring the stored control %r: not a control", key[:100])
+            else:
+                controls[control.key] = control
+        return controls
+
+    def set(self, control: Control) -> None:
+        self._write(control.key, control.stored())
+
+    def clear(self, kind: ControlKind, name: str) -> None:
+        self._write(control_key(kind, name), None)
+
+    def _write(self, key: str, value: bytes | None) -> None:
+        if self.in_memory is None:
+            self.broker.write_control(key, value)
+        elif value is None:
+            self.in_memory.pop(key, None)
+        else:
+            self.in_memory[key] = value
