@@ -239,6 +239,25 @@ class Broker(ABC):
 
         Locked and dead jobs are kept (locked ones are being worked on)."""
 
+    # --- periodic jobs (qcluster.periodic; the manager's ticker) ----------------------
+
+    def claim_tick(self, job: str, tick_ms: int) -> bool:
+        """Record ``tick_ms`` as periodic job ``job``'s last enqueued tick if it is later
+        than the recorded one, atomically: True for the one caller that does (it then
+        enqueues the tick), False for every other (an earlier or the same tick, or another
+        manager enqueues the periodic jobs). Raises BrokerError when the broker does not
+        answer."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run periodic jobs")
+
+    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
+        """Undo this caller's claim of ``tick_ms`` (its enqueue failed): the record goes
+        back to ``previous_ms`` if it still holds ``tick_ms``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run periodic jobs")
+
+    def last_ticks(self) -> dict[str, int]:
+        """Each periodic job's recorded last enqueued tick (ms since the epoch)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run periodic jobs")
+
     def durability(self) -> list[str]:
         """Notes on how safely the server keeps acknowledged jobs, for operators
         (``qcluster stats``, the admin page); empty when there is nothing to say."""

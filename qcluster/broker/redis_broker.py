@@ -315,6 +315,32 @@ class RedisBroker(Broker):
         k = _keys(queue)
         return int(self._run("purge", [k["ready"], k["locked"], k["jobs"], k["attempts"]], []))
 
+    # --- periodic jobs ------------------------------------------------------------
+
+    def claim_tick(self, job: str, tick_ms: int) -> bool:
+        """One field per job in one hash (``PERIODIC_KEY``), moved forward by a script that
+        compares and sets: of managers claiming the same tick, one wins; an earlier tick
+        is refused however long ago its claim was (no TTL to outlive)."""
+        with self._errors():
+            return bool(self._periodic_script(_CLAIM_TICK_LUA)(
+                keys=[PERIODIC_KEY], args=[job, tick_ms]))
+
+    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
+        previous = -1 if previous_ms is None else previous_ms
+        with self._errors():
+            self._periodic_script(_UNCLAIM_TICK_LUA)(
+                keys=[PERIODIC_KEY], args=[job, tick_ms, previous])
+
+    def last_ticks(self) -> dict[str, int]:
+        with self._errors():
+            found: dict[Any, Any] = self.client.hgetall(PERIODIC_KEY)
+        return {_text(name): int(value) for name, value in found.items()}
+
+    def _periodic_script(self, source: str) -> Any:
+        if source not in self._scripts:
+            self._scripts[source] = self.client.register_script(source)
+        return self._scripts[source]
+
     def delete_queue(self, queue: str) -> None:
         """Remove every key of the queue (tests and tooling; loses jobs)."""
         with self._errors():
@@ -464,4 +490,17 @@ def _careful_deliveries(reply: list[Any]) -> list[Delivery]:
         ))
     return deliveries
 
-
+#: Periodic jobs' last enqueued ticks, ``NAME`` -> ms since the epoch (one hash slot).
+PERIODIC_KEY = f"{KEY_PREFIX}:{{periodic}}:last"
+_CLAIM_TICK_LUA = """
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
+if tonumber(ARGV[2]) <= last then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+_UNCLAIM_TICK_LUA = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if tonumber(ARGV[3]) < 0 then redis.call('HDEL', KEYS[1], ARGV[1])
+else redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
+return 1
+"""
