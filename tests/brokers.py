@@ -286,6 +286,238 @@ class PrivateRabbitMQ:
         return f"no AMQP answer on port {self.port} after {START_TIMEOUT_S:g} s"
 
 
+class _ConfiguredRedis(PrivateRedis):
+    """A :class:`PrivateRedis` with more ``redis-server`` arguments (a replica, a cluster
+    node, a Sentinel). ``{port}`` in them is the port it gets."""
+
+    def __init__(self, base_dir: Path, extra: list[str], *, aof: bool = True) -> None:
+        super().__init__(base_dir, aof=aof)
+        self.extra = extra
+
+    def _command(self) -> list[str]:
+        return [*super()._command(), *(arg.format(port=self.port) for arg in self.extra)]
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: nothing flushed, no goodbye to replicas or Sentinels)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+
+class _Sentinel(PrivateRedis):
+    """``redis-server CONFIG --sentinel`` watching one master (its config file is its own:
+    Sentinel rewrites it)."""
+
+    def __init__(self, base_dir: Path, monitor: str) -> None:
+        super().__init__(base_dir, aof=False)
+        self.monitor = monitor
+
+    def _command(self) -> list[str]:
+        config = self.base_dir / "sentinel.conf"
+        config.write_text(f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\n"
+                          f"dir {self.base_dir}\nlogfile {self.base_dir / 'redis.log'}\n"
+                          f"{self.monitor}\n")
+        return [self.binary, str(config), "--sentinel"]
+
+
+@dataclass
+class PrivateRedisSentinel:
+    """One master, one replica and three Sentinels on free loopback ports (Debian's
+    ``redis-server``; a Sentinel is ``redis-server --sentinel``), each with its own
+    directory. Failover is quick for tests: a master silent for ``down_after_ms`` is down."""
+
+    base_dir: Path
+    service: str = "qcmaster"
+    down_after_ms: int = 1000
+    failover_timeout_ms: int = 10000
+    servers: list[_ConfiguredRedis] = field(default_factory=list, repr=False)
+    sentinels: list[_Sentinel] = field(default_factory=list, repr=False)
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{sentinel.port}" for sentinel in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    def summary(self) -> str:
+        ports = "/".join(str(server.port) for server in self.servers)
+        return (f"redis sentinel {self.servers[0].version if self.servers else '?'}: "
+                f"servers on {ports}, sentinels on "
+                + ",".join(str(sentinel.port) for sentinel in self.sentinels))
+
+    def start(self) -> str:
+        master = _ConfiguredRedis(self.base_dir / "server-0", [])
+        master.start()
+        self.servers.append(master)
+        replica = _ConfiguredRedis(self.base_dir / "server-1",
+                                   ["--replicaof", "127.0.0.1", str(master.port)])
+        replica.start()
+        self.servers.append(replica)
+        monitor = "\n".join([
+            f"sentinel monitor {self.service} 127.0.0.1 {master.port} 2",
+            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
+            f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}",
+            f"sentinel parallel-syncs {self.service} 1",
+        ])
+        for number in range(3):
+            sentinel = _Sentinel(self.base_dir / f"sentinel-{number}", monitor)
+            sentinel.start()
+            self.sentinels.append(sentinel)
+        reason = self._wait_settled()
+        if reason:
+            self.stop()
+            raise BrokerUnavailable(f"private Redis Sentinel set did not settle: {reason}")
+        return self.url
+
+    def master(self) -> _ConfiguredRedis:
+        """The server the Sentinels call master now."""
+        port = self.master_port()
+        return next(server for server in self.servers if server.port == port)
+
+    def master_port(self) -> int:
+        import redis
+
+        with redis.Redis(port=self.sentinels[0].port, socket_timeout=5) as client:
+            _host, port = client.sentinel_get_master_addr_by_name(self.service)
+        return int(port)
+
+    def replica_count(self) -> int:
+        """Replicas the master has, with their link up."""
+        import redis
+
+        with redis.Redis(port=self.master_port(), socket_timeout=5) as client:
+            return int(client.info("replication").get("connected_slaves", 0))
+
+    def _wait_settled(self) -> str:
+        """'' once every Sentinel knows the other two and the replica, and the replica has
+        synced: a failover before that would have nothing to promote."""
+        import redis
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        state = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                settled = True
+                for sentinel in self.sentinels:
+                    with redis.Redis(port=sentinel.port, socket_timeout=5) as client:
+                        master = client.sentinel_master(self.service)
+                        state = (f"sentinel {sentinel.port}: {master.get('num-other-sentinels')}"
+                                 f" other sentinels, {master.get('num-slaves')} replicas")
+                        settled &= (int(master.get("num-other-sentinels", 0)) >= 2
+                                    and int(master.get("num-slaves", 0)) >= 1)
+                with redis.Redis(port=self.servers[1].port, socket_timeout=5) as client:
+                    link = client.info("replication").get("master_link_status")
+                    settled &= link == "up"
+                if settled:
+                    return ""
+            except redis.RedisError as error:
+                state = str(error)
+            time.sleep(0.1)
+        return state
+
+    def stop(self) -> None:
+        for server in [*self.sentinels, *self.servers]:
+            server.stop()
+
+
+@dataclass
+class PrivateRedisCluster:
+    """A Redis Cluster of ``masters`` masters with one replica each (``redis-cli --cluster
+    create``) on free loopback ports, each node with its own directory and AOF. A master
+    silent for ``node_timeout_ms`` is failed over by its replica."""
+
+    base_dir: Path
+    masters: int = 3
+    node_timeout_ms: int = 2000
+    nodes: list[_ConfiguredRedis] = field(default_factory=list, repr=False)
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def summary(self) -> str:
+        return (f"redis cluster {self.nodes[0].version if self.nodes else '?'}: "
+                f"{self.masters} masters + replicas on "
+                + ",".join(str(node.port) for node in self.nodes))
+
+    def start(self) -> str:
+        for number in range(self.masters * 2):
+            node = _ConfiguredRedis(self.base_dir / f"node-{number}", [
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                "--cluster-port", str(free_port()),
+            ])
+            node.start()
+            self.nodes.append(node)
+        create = subprocess.run(
+            ["redis-cli", "--cluster", "create",
+             *(f"127.0.0.1:{node.port}" for node in self.nodes),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False)
+        reason = (f"redis-cli --cluster create failed: {create.stdout[-500:]}"
+                  f"{create.stderr[-500:]}" if create.returncode else self._wait_ok())
+        if reason:
+            self.stop()
+            raise BrokerUnavailable(f"private Redis Cluster did not start: {reason}")
+        return self.url
+
+    def master_of(self, key: str) -> _ConfiguredRedis:
+        """The node that serves ``key`` now."""
+        import redis
+
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            with redis.Redis(port=node.port, socket_timeout=5) as client:
+                slot = int(client.execute_command("CLUSTER KEYSLOT", key))
+                for start, end, master, *_replicas in client.execute_command("CLUSTER SLOTS"):
+                    if start <= slot <= end:
+                        port = int(master[1])
+                        return next(n for n in self.nodes if n.port == port)
+        raise BrokerUnavailable("no live cluster node answered")
+
+    def _wait_ok(self) -> str:
+        """'' once every node says cluster_state:ok and knows all the others."""
+        import redis
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        state = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                states = []
+                for node in self.nodes:
+                    with redis.Redis(port=node.port, socket_timeout=5) as client:
+                        info = client.cluster("INFO")
+                        states.append((info.get("cluster_state"),
+                                       int(info.get("cluster_known_nodes", 0))))
+                state = str(states)
+                if all(ok == "ok" and known == len(self.nodes) for ok, known in states):
+                    synced = self._synced_replicas()
+                    state = f"{synced} of {self.masters} replicas synced"
+                    if synced == self.masters:
+                        return ""
+            except redis.RedisError as error:
+                state = str(error)
+            time.sleep(0.1)
+        return state
+
+    def _synced_replicas(self) -> int:
+        """Replicas whose link to their master is up (a WAIT before that counts none)."""
+        import redis
+
+        synced = 0
+        for node in self.nodes:
+            with redis.Redis(port=node.port, socket_timeout=5) as client:
+                info = client.info("replication")
+                synced += info.get("role") == "slave" and info.get("master_link_status") == "up"
+        return synced
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
 class PrivateBrokers:
     """Both servers under one directory, each started on first use, stopped together."""
 

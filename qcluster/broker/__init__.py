@@ -20,7 +20,10 @@ from qcluster.broker.base import (
 from qcluster.errors import ConfigError
 from qcluster.security import is_loopback
 
-REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "unix://")
+REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "unix://",
+                 "redis+sentinel://", "redis+cluster://")
+#: A master found through Sentinel, a Redis Cluster (qcluster/broker/redis_ha.py).
+REDIS_HA_SCHEMES = ("redis+sentinel://", "redis+cluster://")
 #: py-amqp only: the backend reads frames through its own transport (amqp_readahead) and
 #: sends heartbeats from a thread, which kombu's librabbitmq transport does not allow.
 KOMBU_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
@@ -57,7 +60,8 @@ def backend_module(url: str | None) -> str:
              and not set(scheme) & set(":@/") else "without a scheme")  # never a password
     raise ConfigError(
         f"unsupported broker URL {shown}: use redis://, rediss://, redis+socket://, "
-        "amqp:// (RabbitMQ) or leave it unset for the embedded broker"
+        "redis+sentinel://, redis+cluster://, amqp:// (RabbitMQ) or leave it unset for the "
+        "embedded broker"
     )
 
 
@@ -69,6 +73,9 @@ def check_redis_auth(url: str) -> None:
     Raises:
         ConfigError: one line naming the host and how to fix it.
     """
+    if url.startswith(REDIS_HA_SCHEMES):
+        _check_ha_auth(url)
+        return
     if not url.startswith(("redis://", "rediss://")):
         return  # unix sockets: the file's permissions decide who connects
     try:
@@ -89,12 +96,32 @@ def check_redis_auth(url: str) -> None:
     )
 
 
+def _check_ha_auth(url: str) -> None:
+    """check_redis_auth for Sentinel and Cluster URLs: a password is needed as soon as one
+    of the listed hosts is not this machine (Sentinel hands out the master's address, a
+    cluster its nodes': they are where the listed hosts are)."""
+    from qcluster.broker.redis_ha import parse_ha_url
+
+    parsed = parse_ha_url(url)
+    remote = [host for host, _ in parsed.hosts if not is_loopback(host)]
+    if parsed.password or not remote:
+        return
+    raise ConfigError(
+        f"Redis at {parsed.safe()} has no password and {remote[0]!r} is not on this machine: "
+        "anyone who reaches it can read, change and delete jobs. Start the servers with a "
+        "password (requirepass or an ACL user) and put it in the URL "
+        f"(redis+{parsed.kind}://:PASSWORD@HOST:PORT,...)"
+    )
+
+
 def open_broker(url: str | None = None, *, state_dir: Path | str = ".qcluster") -> Broker:
     """A broker for ``url``; ``None`` or ``"embedded"`` means the embedded Redis.
 
     Parameters:
-        url: ``redis://``, ``rediss://``, ``redis+socket:///path``, ``amqp://`` (several
-            joined with ``;`` fail over), or ``embedded``/``embedded:///state/dir``.
+        url: ``redis://``, ``rediss://``, ``redis+socket:///path``,
+            ``redis+sentinel://HOST:PORT,.../SERVICE``, ``redis+cluster://HOST:PORT,...``,
+            ``amqp://`` (several joined with ``;`` fail over), or
+            ``embedded``/``embedded:///state/dir``.
         state_dir: where the embedded broker lives when ``url`` does not say.
     Raises:
         ConfigError: the scheme is not supported, or a Redis on another machine has no

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -69,6 +69,13 @@ def _keys(queue: str) -> dict[str, str]:
     }
 
 
+def _registry_key(queue: str) -> str:
+    """On a Redis Cluster, the queue's own registry (a set holding its name) in its hash
+    slot: the publish script may only touch keys of one slot, so the one ``qc:queues`` set
+    of a single Redis is out of its reach (``queues()`` reads these from every master)."""
+    return f"{KEY_PREFIX}:{{{queue}}}:queues"
+
+
 def _load_script(name: str) -> str:
     return resources.files("qcluster.broker").joinpath("lua", f"{name}.lua").read_text()
 
@@ -80,11 +87,18 @@ class RedisBroker(Broker):
         self, client: redis.Redis, *, safe_url: str,
         dead_max_count: int = DEFAULT_DEAD_MAX_COUNT,
         dead_max_age_s: float = DEFAULT_DEAD_MAX_AGE,
+        replicas: int = 0, replica_timeout_ms: int = 0, cluster: bool = False,
     ) -> None:
         """``dead_max_count``/``dead_max_age_s``: dead-letter retention for a settle
-        whose ``retention`` is None (a slot passes its queue's policy)."""
+        whose ``retention`` is None (a slot passes its queue's policy). ``replicas``: a
+        publish returns once that many replicas hold its jobs (``WAIT``, at most
+        ``replica_timeout_ms``), else raises BrokerUnavailable. ``cluster``: ``client`` is
+        a RedisCluster (queue registries per queue, see _registry_key)."""
         self.client = client
         self.safe_url = safe_url
+        self.replicas = replicas
+        self.replica_timeout_ms = replica_timeout_ms
+        self.cluster = cluster
         self._retention = DeadRetention(dead_max_count, dead_max_age_s)
         self._scripts = {
             name: client.register_script(_load_script(name))
@@ -103,24 +117,31 @@ class RedisBroker(Broker):
         instead of hanging forever on a dead link. TCP keepalive notices a dead peer on
         idle connections.
         """
+        if url.startswith(("redis+sentinel://", "redis+cluster://")):
+            return cls._from_ha_url(url, retries=retries)
         if url.startswith("redis+socket://"):
             url = "unix://" + url.removeprefix("redis+socket://")
-        options: dict[str, Any] = {}
-        if not url.startswith("unix://"):
-            options["socket_keepalive"] = True
-        client = redis.Redis.from_url(
-            url,
-            # Only failed connections are retried: a timeout (the server or the link went
-            # silent) retried 5 times, with nested retries while connecting, hung for minutes.
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries,
-                        supported_errors=(redis.ConnectionError,)),
-            retry_on_error=[redis.ConnectionError],
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            socket_timeout=SOCKET_TIMEOUT_S,
-            health_check_interval=HEALTH_CHECK_INTERVAL_S,
-            **options,
-        )
+        options = _client_options(retries)
+        if url.startswith("unix://"):
+            del options["socket_keepalive"]
+        client = redis.Redis.from_url(url, **options)
         return cls(client, safe_url=mask_url(url))
+
+    @classmethod
+    def _from_ha_url(cls, url: str, *, retries: int) -> RedisBroker:
+        """A master through Sentinel or a Redis Cluster (see redis_ha), with the same
+        timeouts and keepalive as one Redis."""
+        from qcluster.broker import redis_ha
+
+        parsed = redis_ha.parse_ha_url(url)
+        options = _client_options(retries)
+        if parsed.kind == "cluster":
+            options["retry"] = redis_ha.cluster_retry(retries)
+        client = redis_ha.connect(parsed, options)
+        # RedisCluster offers the commands used here under the same names (routed by key).
+        return cls(cast(redis.Redis, client), safe_url=parsed.safe(),
+                   replicas=parsed.replicas, replica_timeout_ms=parsed.replica_timeout_ms,
+                   cluster=parsed.kind == "cluster")
 
     def durability(self) -> list[str]:
         """Notes on how safely this Redis keeps acknowledged jobs (empty: nothing to say).
@@ -203,13 +224,59 @@ class RedisBroker(Broker):
         self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
     ) -> None:
         k = _keys(check_queue_name(queue))
-        keys = [k["ready"], k["jobs"], QUEUES_KEY, k["wake"]]
+        registry = _registry_key(queue) if self.cluster else QUEUES_KEY
+        keys = [k["ready"], k["jobs"], registry, k["wake"]]
         delay_ms = _delay_ms(delay_s)
         for start in range(0, len(messages), PUBLISH_CHUNK):
             args: list[Any] = [delay_ms, queue]
             for job_id, body in messages[start : start + PUBLISH_CHUNK]:
                 args += (job_id, body)
-            self._run("publish", keys, args)
+            if self.replicas:
+                self._publish_replicated(keys, args)
+            else:
+                self._run("publish", keys, args)
+
+    def _publish_replicated(self, keys: list[str], args: list[Any]) -> None:
+        """The publish script, then ``WAIT`` on the same connection (WAIT counts the
+        replicas that have this connection's writes): the jobs survive a failover once
+        this returns. A pipeline sends both; redis-py replays the pair on a new
+        connection after a connection error (a replayed publish stores the same ids)."""
+        if self._durability_pending:
+            self._check_durability_late()
+        script = self._scripts["publish"]
+        with self._errors():
+            for attempt in range(3):
+                server = self._server_for(keys[0], refresh=attempt > 0)
+                pipe = server.pipeline(transaction=False)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
+                try:
+                    acked = int(pipe.execute()[1])
+                    break
+                except redis.exceptions.NoScriptError:  # a new master: load it there
+                    script.sha = server.script_load(script.script)
+                except (redis.exceptions.MovedError, redis.exceptions.AskError,
+                        redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError):
+                    if not self.cluster or attempt == 2:
+                        raise
+                    time.sleep(0.5 * (attempt + 1))  # the slot map is changing: look again
+            else:
+                raise BrokerError(f"Redis at {self.safe_url}: publish script not loaded")
+        if acked < self.replicas:
+            raise BrokerUnavailable(
+                f"Redis at {self.safe_url}: the jobs reached the master but only {acked} of "
+                f"{self.replicas} replica(s) within {self.replica_timeout_ms} ms, so a "
+                "failover could lose them; publish them again (same ids: stored once)")
+
+    def _server_for(self, key: str, *, refresh: bool = False) -> redis.Redis:
+        """The client whose connection reaches the master holding ``key``: ours, or on a
+        Cluster that master's own (WAIT has no key for the cluster client to route by)."""
+        if not self.cluster:
+            return self.client
+        cluster = cast(Any, self.client)
+        if refresh:
+            cluster.nodes_manager.initialize()
+        return cast(redis.Redis, cluster.get_node_from_key(key).redis_connection)
 
     # --- consuming ------------------------------------------------------------
 
@@ -269,9 +336,20 @@ class RedisBroker(Broker):
         return QueueStats(ready=ready, locked=locked, delayed=delayed, dead=dead)
 
     def queues(self) -> list[str]:
+        if self.cluster:
+            return self._cluster_queues()
         with self._errors():
             names: set[bytes] = self.client.smembers(QUEUES_KEY)  # type: ignore[assignment]
             return sorted(name.decode("utf-8", "replace") for name in names)
+
+    def _cluster_queues(self) -> list[str]:
+        """Every master's queue registries (see _registry_key), by SCAN: a few keys per
+        queue, as jobs are fields of a queue's hash, not keys."""
+        prefix, suffix = f"{KEY_PREFIX}:{{", "}:queues"
+        with self._errors():
+            keys = self.client.scan_iter(match=f"{prefix}*{suffix}", count=1000)
+            return sorted({key.decode("utf-8", "replace")[len(prefix):-len(suffix)]
+                           for key in keys})
 
     def dead_jobs(self, queue: str, *, limit: int = 100) -> list[DeadJob]:
         k = _keys(queue)
@@ -345,7 +423,10 @@ class RedisBroker(Broker):
         """Remove every key of the queue (tests and tooling; loses jobs)."""
         with self._errors():
             self.client.delete(*_keys(queue).values())
-            self.client.srem(QUEUES_KEY, queue)
+            if self.cluster:
+                self.client.delete(_registry_key(queue))
+            else:
+                self.client.srem(QUEUES_KEY, queue)
 
     # --- operator controls -----------------------------------------------------
 
@@ -382,6 +463,22 @@ class RedisBroker(Broker):
         for delivery in settlement.release:
             args += (_wire_id(delivery.id), delivery.receipt, _activate_ms(delivery.activate_at))
         return args
+
+
+def _client_options(retries: int) -> dict[str, Any]:
+    """Timeouts, keepalive and retries of every Redis client (one server, Sentinel's
+    master, a Cluster's nodes)."""
+    return {
+        # Only failed connections are retried: a timeout (the server or the link went
+        # silent) retried 5 times, with nested retries while connecting, hung for minutes.
+        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries,
+                       supported_errors=(redis.ConnectionError,)),
+        "retry_on_error": [redis.ConnectionError],
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+        "socket_keepalive": True,
+    }
 
 
 def _warn_once(notes: list[str]) -> None:

@@ -1,0 +1,76 @@
+"""The queue-server contract (test_contract.py) on Redis past one server: a master found
+through Sentinel, and a Redis Cluster. The same test functions, another ``broker_url``.
+
+Each variant starts its servers once per session (tests/brokers.py): Sentinel is one master,
+one replica and three Sentinels; Cluster is three masters with one replica each. Both
+publish with ``WAIT`` for one replica (the URL's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qcluster.broker import open_broker
+from tests.brokers import BrokerUnavailable, PrivateRedisCluster, PrivateRedisSentinel
+from tests.contract.test_contract import *  # noqa: F403 (the contract's tests, run here again)
+from tests.contract.test_contract import publish
+
+HA_BACKENDS = ["sentinel", "cluster"]
+
+
+def _started(server: PrivateRedisSentinel | PrivateRedisCluster) -> str:
+    try:
+        return server.start()
+    except BrokerUnavailable as error:
+        reason = str(error)
+    pytest.fail(reason, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedisSentinel]:
+    sentinel = PrivateRedisSentinel(Path(tmp_path_factory.mktemp("redis-sentinel")))
+    _started(sentinel)
+    try:
+        yield sentinel
+    finally:
+        sentinel.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedisCluster]:
+    cluster = PrivateRedisCluster(Path(tmp_path_factory.mktemp("redis-cluster")))
+    _started(cluster)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=HA_BACKENDS)
+def broker_url(request: pytest.FixtureRequest) -> str:
+    """Overrides tests/conftest.py's: each contract test runs on Sentinel and on Cluster."""
+    return str(request.getfixturevalue(f"redis_{request.param}").url)
+
+
+def test_queues_spread_over_the_shards_and_are_all_listed(
+    redis_cluster: PrivateRedisCluster, queue_name: str
+) -> None:
+    """On a cluster each queue lives on the shard of its name's hash slot, and queues()
+    reads every shard's registries: all of them are listed."""
+    broker = open_broker(redis_cluster.url)
+    names = [f"{queue_name}-{number}" for number in range(12)]
+    try:
+        for name in names:
+            publish(broker, name, 1)
+        shards = {redis_cluster.master_of(f"qc:{{{name}}}:ready").port for name in names}
+        assert len(shards) > 1, "12 queue names all hashed to one shard"
+        assert set(names) <= set(broker.queues())
+        broker.delete_queue(names[0])  # type: ignore[attr-defined]
+        assert names[0] not in broker.queues()
+    finally:
+        for name in names:
+            broker.delete_queue(name)  # type: ignore[attr-defined]
+        broker.close()
