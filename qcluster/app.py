@@ -1,12 +1,17 @@
-"""The application registry: ``@app.queue(...)`` binds batch handlers to queues."""
+"""The application registry: ``@app.queue(...)`` binds batch handlers to queues.
+
+Handlers are plain ``def`` or ``async def``; the slot awaits async ones on its own event
+loop (qcluster.slot.aio).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,9 +25,11 @@ from qcluster.errors import (
 )
 from qcluster.job import Job
 from qcluster.names import check_queue_name
+from qcluster.periodic import CatchUp, PeriodicSpec, periodic_spec
 from qcluster.policy import QueuePolicy
 
 BatchHandler = Callable[[list[Job]], Any]
+AsyncJobHandler = Callable[[Job], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +39,11 @@ class QueueSpec:
     name: str
     handler: BatchHandler
     policy: QueuePolicy
+    is_async: bool = False
+    """``handler`` is a coroutine function: the slot awaits it on its event loop."""
+    job_handler: AsyncJobHandler | None = None
+    """An async per-job handler (``app.job_queue``); ``handler`` then awaits it for each
+    job of a batch, ``policy.concurrency`` at a time."""
 
 
 class App:
@@ -45,40 +57,46 @@ class App:
     def __init__(self, name: str = "qcluster-app") -> None:
         self.name = name
         self.queues: dict[str, QueueSpec] = {}
+        self.periodic_jobs: dict[str, PeriodicSpec] = {}
+        """``@app.periodic`` declarations by name; the manager enqueues their ticks."""
 
     def queue(self, name: str, **policy: Any) -> Callable[[BatchHandler], BatchHandler]:
-        """Decorator binding a batch handler ``def handler(jobs: list[Job])`` to ``name``.
+        """Decorator binding a batch handler ``def handler(jobs: list[Job])`` (or
+        ``async def handler(jobs)``) to ``name``.
 
         Keyword arguments are :class:`~qcluster.policy.QueuePolicy` fields. The name
-        follows :mod:`qcluster.names`; ``async def`` handlers are refused (not supported).
+        follows :mod:`qcluster.names`.
         """
-        try:
-            check_queue_name(name)
-        except InvalidQueueName as exc:
-            raise ConfigError(str(exc)) from None
-        try:
-            queue_policy = QueuePolicy(**policy)
-        except ValidationError as exc:
-            raise ConfigError(f"queue {name!r}: {field_reasons(exc.errors())}") from None
+        queue_policy = _checked_policy(name, policy)
 
         def bind(handler: BatchHandler) -> BatchHandler:
-            _refuse_async(name, handler)
-            if name in self.queues:
-                raise ConfigError(f"queue {name!r} is declared twice")
-            self.queues[name] = QueueSpec(name, handler, queue_policy)
+            is_async = _is_async(name, handler)
+            self._add(_with_policy(QueueSpec(name, handler, queue_policy, is_async)))
             return handler
 
         return bind
+
+    def _add(self, spec: QueueSpec) -> None:
+        if spec.name in self.queues:
+            raise ConfigError(f"queue {spec.name!r} is declared twice")
+        self.queues[spec.name] = spec
 
     def job_queue(self, name: str, **policy: Any) -> Callable[[Callable[[Job], Any]], Any]:
         """Per-job convenience: ``def handler(job: Job)`` is called once per job.
 
         An exception from one job retries (or locks) that job only; the others of the
-        batch are settled by their own outcome.
+        batch are settled by their own outcome. ``async def handler(job)`` is awaited
+        for the batch's jobs concurrently, at most ``concurrency`` at once (default: the
+        whole batch).
         """
 
         def bind(handler: Callable[[Job], Any]) -> Callable[[Job], Any]:
-            _refuse_async(name, handler)
+            if _is_async(name, handler):
+                queue_policy = _checked_policy(name, policy)
+                self._add(_with_policy(QueueSpec(
+                    name, _each_concurrently(handler, None), queue_policy, is_async=True,
+                    job_handler=handler)))
+                return handler
 
             def run_each(jobs: list[Job]) -> None:
                 for job in jobs:
@@ -90,6 +108,37 @@ class App:
             run_each.__name__ = getattr(handler, "__name__", "handler")
             self.queue(name, **policy)(run_each)
             return handler
+
+        return bind
+
+    def periodic(
+        self, cron: str | None = None, *, queue: str, payload: Any = None,
+        every: float | None = None, catch_up: CatchUp = "skip", name: str | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator declaring a periodic job: the manager enqueues ``payload`` (default
+        ``{}``) to ``queue`` at each tick of ``cron`` (5 fields, or 6 with seconds first;
+        UTC) or ``every`` seconds, once per tick across managers. ``catch_up``: what
+        happens to ticks missed while no manager ran ("skip", "latest" or the newest N).
+        The job is named ``name`` or after the decorated function, which is returned as
+        it is (it is not called: the queue's handler runs the jobs)::
+
+            @app.periodic("*/5 * * * *", queue="report", payload={"kind": "daily"})
+            @app.queue("report")
+            def report(jobs): ...
+
+        A bad declaration is a ConfigError naming the job and the field, at import.
+        """
+        fields: dict[str, Any] = {"queue": queue, "cron": cron, "every": every,
+                                  "catch_up": catch_up}
+        if payload is not None:
+            fields["payload"] = payload
+
+        def bind(target: Callable[..., Any]) -> Callable[..., Any]:
+            job = str(name or getattr(target, "__name__", ""))
+            if job in self.periodic_jobs:
+                raise ConfigError(f"periodic job {job!r} is declared twice")
+            self.periodic_jobs[job] = periodic_spec(job, fields, where="@app.periodic")
+            return target
 
         return bind
 
@@ -105,27 +154,83 @@ class App:
     def with_overrides(self, overrides: dict[str, dict[str, Any]]) -> App:
         """A copy whose policies have ``overrides`` (from qcluster.toml) applied."""
         merged = App(self.name)
+        merged.periodic_jobs = dict(self.periodic_jobs)
         for name, spec in self.queues.items():
             extra = overrides.get(name, {})
             try:
                 policy = spec.policy.merged(extra) if extra else spec.policy
             except ValidationError as exc:
                 raise ConfigError(f"[queues.{name}] in the configuration: {exc}") from exc
-            merged.queues[name] = QueueSpec(name, spec.handler, policy)
+            merged.queues[name] = _with_policy(spec, policy, where=f"[queues.{name}]")
         return merged
 
 
-def _refuse_async(queue: str, handler: Callable[..., Any]) -> None:
-    """The slot calls handlers synchronously: an ``async def`` handler would return a
-    coroutine that never runs while its jobs are acked. Refused until async is supported."""
+def _checked_policy(name: str, policy: dict[str, Any]) -> QueuePolicy:
+    try:
+        check_queue_name(name)
+    except InvalidQueueName as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return QueuePolicy(**policy)
+    except ValidationError as exc:
+        raise ConfigError(f"queue {name!r}: {field_reasons(exc.errors())}") from None
+
+
+def _with_policy(spec: QueueSpec, policy: QueuePolicy | None = None, *,
+                 where: str = "") -> QueueSpec:
+    """``spec`` under ``policy`` (default: its own). An async per-job handler gets its
+    batch wrapper built for the policy's concurrency; on any other handler a
+    ``concurrency`` is refused (it would silently do nothing)."""
+    policy = policy or spec.policy
+    if spec.job_handler is None:
+        if policy.concurrency is not None:
+            raise ConfigError(
+                f"{where or f'queue {spec.name!r}'}: concurrency applies only to async "
+                "per-job handlers (app.job_queue with async def)")
+        return replace(spec, policy=policy)
+    handler = _each_concurrently(spec.job_handler, policy.concurrency)
+    return replace(spec, handler=handler, policy=policy)
+
+
+def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> BatchHandler:
+    """An async batch handler awaiting ``handler`` for each job, ``concurrency`` at once
+    (None: all). An exception marks its own job only; a job that returns without an
+    outcome is marked done, so that a cancelled batch can tell it from an unfinished one."""
+
+    async def run_one(job: Job) -> None:
+        try:
+            await handler(job)
+        except Exception as exc:  # one job's failure must not fail the batch
+            job.mark_error(exc)
+        else:
+            if job.outcome is None:
+                job.outcome = "done"
+
+    async def run_each(jobs: list[Job]) -> None:
+        pending = iter(jobs)  # shared by the workers: each job is taken once
+
+        async def worker() -> None:
+            for job in pending:
+                await run_one(job)
+
+        workers = min(concurrency or len(jobs), len(jobs))
+        await asyncio.gather(*(worker() for _ in range(workers)))
+
+    run_each.__name__ = getattr(handler, "__name__", "handler")
+    return run_each
+
+
+def _is_async(queue: str, handler: Callable[..., Any]) -> bool:
+    """True for ``async def`` handlers (or objects with an async ``__call__``); async
+    generators are refused: there is no one coroutine to await."""
     call = getattr(handler, "__call__", None)  # noqa: B004 - an object with async __call__
-    if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
-           for f in (handler, call) if f is not None):
+    candidates = [f for f in (handler, call) if f is not None]
+    if any(inspect.isasyncgenfunction(f) for f in candidates):
         name = getattr(handler, "__name__", type(handler).__name__)
         raise ConfigError(
-            f"queue {queue!r}: handler {name} is async; qcluster calls handlers "
-            "synchronously (write a plain def, e.g. calling asyncio.run inside)"
-        )
+            f"queue {queue!r}: handler {name} is an async generator (it yields); a handler "
+            "must do its work and return (write an async def without yield)")
+    return any(inspect.iscoroutinefunction(f) for f in candidates)
 
 
 def load_app(target: str) -> App:

@@ -31,6 +31,8 @@ DEFAULT_DEAD_MAX_AGE = 14 * 86_400.0
 MAX_DEAD_COUNT = 1_000_000
 MAX_DEAD_AGE_S = 365 * 86_400.0
 MIN_DEAD_AGE_S = 1.0
+#: The most jobs an async per-job handler awaits at once (as many as the largest batch).
+MAX_CONCURRENCY = 2_000
 #: A derived pair sits exactly on the rule: let float rounding not refuse it.
 FLOAT_SLACK = 1e-9
 
@@ -88,11 +90,19 @@ class QueuePolicy(BaseModel):
     """Assumed job time before any job of the queue has been measured."""
     max_message_bytes: int = Field(1 << 20, ge=64, le=1 << 30)
     """Bigger messages are refused on publish and dead-lettered on take."""
+    queue_type: Literal["classic", "quorum"] | None = None
+    """RabbitMQ only: "quorum" (replicated, survives a node loss) or "classic" (faster on
+    one node). Default (None): the broker URL's ``?queue_type=``, else classic. Ignored by
+    Redis."""
     dead_max_count: int = Field(DEFAULT_DEAD_MAX_COUNT, ge=1, le=MAX_DEAD_COUNT)
     """Dead letters kept for the queue (1 to 1,000,000); past it the oldest are deleted
     when another job of the queue is dead-lettered."""
     dead_max_age: float = Field(DEFAULT_DEAD_MAX_AGE, ge=MIN_DEAD_AGE_S, le=MAX_DEAD_AGE_S)
     """Seconds a dead letter is kept (1 s to 365 days; default 14 days)."""
+    concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
+    """Async per-job handlers (``app.job_queue`` with ``async def``) only: at most this many
+    of a batch's jobs are awaited at once (1 to 2,000). Default (None): the whole batch,
+    that is ``batch_size``. Refused on any other handler (see qcluster.app)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -37,6 +37,7 @@ from qcluster.messages import (
     StopSlot,
     SwitchQueue,
 )
+from qcluster.slot.aio import run_async_batch
 from qcluster.slot.settle import dead_retention, settle_batch
 
 logger = logging.getLogger(__name__)
@@ -299,7 +300,8 @@ class SlotRunner:
     def _run_handler(self, jobs: list[Job]) -> float:
         started = time.perf_counter()
         try:
-            result = self.spec.handler(jobs)
+            spec = self.spec
+            result = run_async_batch(spec, jobs) if spec.is_async else spec.handler(jobs)
             if result is not None:
                 _refuse_result(result)
         except Exception as exc:  # the handler's failure is the jobs' outcome, not ours
