@@ -25,6 +25,7 @@ from pydantic_settings import (
 from qcluster.errors import ConfigError, InvalidQueueName, field_reasons
 from qcluster.names import check_queue_name
 from qcluster.policy import QueuePolicy
+from qcluster.security import check_token_strength
 
 DEFAULT_CONFIG_FILE = "qcluster.toml"
 
@@ -88,12 +89,29 @@ class Settings(BaseSettings):
     """Where masters report (e.g. http://127.0.0.1:7300)."""
     token: str | None = None
     """Required by every mutating HTTP endpoint (401 without it)."""
+    tokens: dict[str, str] = Field(default_factory=dict)
+    """``[tokens]`` NAME = "SECRET" (env: QCLUSTER_TOKENS as a JSON object): more tokens the
+    manager accepts for state changes, each shown by its NAME (never its value) as who
+    paused or drained; the unnamed ``token`` shows as "token"."""
     metrics_dir: Path | None = None
     """prometheus_client multiprocess directory; default: /dev/shm when usable."""
     queues: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """``[queues.NAME]``: QueuePolicy overrides, keyed by QueuePolicy field names."""
     master: MasterSettings = Field(default_factory=lambda: MasterSettings.model_validate({}))
     manager: ManagerSettings = Field(default_factory=lambda: ManagerSettings.model_validate({}))
+
+    @field_validator("tokens")
+    @classmethod
+    def _named_tokens_are_strong(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, secret in value.items():
+            if not name.strip() or not name.isprintable() or len(name) > 64:
+                raise ValueError(f"[tokens] name {json.dumps(name)}: 1 to 64 printable "
+                                 "characters, it is shown on the admin page")
+            try:
+                check_token_strength(secret)
+            except ConfigError as exc:
+                raise ValueError(f"[tokens] {name}: {exc}") from None
+        return value
 
     @field_validator("queues")
     @classmethod
@@ -189,10 +207,16 @@ def _check_toml_syntax(path: Path) -> None:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
 
 
+#: Settings whose values an error message never repeats (it may reach a log).
+SECRET_FIELDS = frozenset({"token", "tokens"})
+
+
 def _describe(exc: ValidationError, path: Path | None) -> str:
     where = str(path) if path else "settings (environment / flags)"
     lines = [f"invalid configuration in {where}:"]
     for error in exc.errors():
-        field = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
-        lines.append(f"  {field}: {_reason(error.get('msg', ''))} (got {error.get('input')!r})")
+        loc = error.get("loc", ())
+        field = ".".join(str(p) for p in loc) or "(root)"
+        got = "a secret, not shown" if loc and loc[0] in SECRET_FIELDS else repr(error.get("input"))
+        lines.append(f"  {field}: {_reason(error.get('msg', ''))} (got {got})")
     return "\n".join(lines)

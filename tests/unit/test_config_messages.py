@@ -61,3 +61,25 @@ def test_a_queue_section_outside_the_name_rule_is_refused(tmp_path: Path, name: 
     with pytest.raises(ConfigError) as caught:
         load_settings(config)
     assert f'[queues."{name}"]: invalid queue name' in str(caught.value)
+
+
+@pytest.mark.parametrize("secret, reason", [
+    ("changeme", "well-known placeholder"), ("Xq7-short", "shorter than 16 characters")])
+def test_a_weak_named_token_is_refused_without_repeating_it(
+        tmp_path: Path, secret: str, reason: str) -> None:
+    """``[tokens]`` names who changed a control (issue 19); a weak one is refused at start,
+    and the message, which may reach a log, never holds the secret."""
+    (tmp_path / "qcluster.toml").write_text(f'[tokens]\nops = "{secret}"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(tmp_path / "qcluster.toml")
+    message = str(caught.value)
+    assert "[tokens] ops" in message and reason in message
+    assert secret not in message
+
+
+def test_named_tokens_come_from_the_file_or_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "qcluster.toml").write_text('[tokens]\nops = "0123456789abcdef0123"\n')
+    assert load_settings(tmp_path / "qcluster.toml").tokens == {"ops": "0123456789abcdef0123"}
+    monkeypatch.setenv("QCLUSTER_TOKENS", '{"ci": "fedcba9876543210fedc"}')
+    assert load_settings(None).tokens == {"ci": "fedcba9876543210fedc"}
