@@ -65,7 +65,7 @@ def _keys(queue: str) -> dict[str, str]:
     base = f"{KEY_PREFIX}:{{{queue}}}"
     return {
         name: f"{base}:{name}"
-        for name in ("ready", "locked", "jobs", "attempts", "dead", "reasons", "wake")
+        for name in ("ready", "locked", "jobs", "attempts", "dead", "reasons", "wake", "queues")
     }
 
 
@@ -73,7 +73,7 @@ def _registry_key(queue: str) -> str:
     """On a Redis Cluster, the queue's own registry (a set holding its name) in its hash
     slot: the publish script may only touch keys of one slot, so the one ``qc:queues`` set
     of a single Redis is out of its reach (``queues()`` reads these from every master)."""
-    return f"{KEY_PREFIX}:{{{queue}}}:queues"
+    return _keys(queue)["queues"]
 
 
 def _load_script(name: str) -> str:
@@ -422,10 +422,8 @@ class RedisBroker(Broker):
     def delete_queue(self, queue: str) -> None:
         """Remove every key of the queue (tests and tooling; loses jobs)."""
         with self._errors():
-            self.client.delete(*_keys(queue).values())
-            if self.cluster:
-                self.client.delete(_registry_key(queue))
-            else:
+            self.client.delete(*_keys(queue).values())  # on a Cluster, its registry too
+            if not self.cluster:
                 self.client.srem(QUEUES_KEY, queue)
 
     # --- operator controls -----------------------------------------------------

@@ -31,7 +31,9 @@ def _started(server: PrivateRedisSentinel | PrivateRedisCluster) -> str:
 
 @pytest.fixture(scope="session")
 def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedisSentinel]:
-    sentinel = PrivateRedisSentinel(Path(tmp_path_factory.mktemp("redis-sentinel")))
+    # Slow to fail over: a busy CPU must not make a Sentinel think the master died.
+    sentinel = PrivateRedisSentinel(Path(tmp_path_factory.mktemp("redis-sentinel")),
+                                    down_after_ms=10000)
     _started(sentinel)
     try:
         yield sentinel
@@ -41,7 +43,8 @@ def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Private
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedisCluster]:
-    cluster = PrivateRedisCluster(Path(tmp_path_factory.mktemp("redis-cluster")))
+    cluster = PrivateRedisCluster(Path(tmp_path_factory.mktemp("redis-cluster")),
+                                  node_timeout_ms=10000)
     _started(cluster)
     try:
         yield cluster
