@@ -1,0 +1,67 @@
+"""Async handlers in a real `qcluster master`'s forked slots (issue 19 item 3): each slot
+makes its own event loop after the fork, per-job concurrency holds, and a batch awaiting
+forever is cancelled at its deadline with nothing lost."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qcluster.client import Client
+from tests.conftest import free_port, wait_until
+from tests.e2e.cluster import Procs, executed, get_json
+
+APP = "tests.apps.async_apps"
+CONCURRENCY = 10  # tests.apps.async_apps.CONCURRENCY (not imported: its queues need the env)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"a{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def procs(tmp_path: Path, prefix: str) -> Iterator[Procs]:
+    logs = tmp_path / "executed"
+    logs.mkdir()
+    running = Procs(tmp_path, {"QC_TEST_PREFIX": prefix, "QC_TEST_LOG_DIR": str(logs)})
+    yield running
+    running.stop_all()
+
+
+def _slots_up(port: int) -> bool:
+    try:
+        slots = get_json(port, "/api/v1/slots")
+    except OSError:
+        return False
+    return len(slots) == 3 and all(s["state"] != "starting" for s in slots)
+
+
+def test_async_slots_run_every_job_once_concurrently_and_survive_a_hung_batch(
+    procs: Procs, broker_url: str, prefix: str
+) -> None:
+    port = free_port()
+    procs.start("master", "master", "--app", APP, "--broker", broker_url, "--slots",
+                f"{prefix}-each=2,{prefix}-hang=1", "--listen", f"127.0.0.1:{port}",
+                "--host-name", "test", "--no-metrics")
+    wait_until(lambda: _slots_up(port), timeout_s=30, message="master slots up")
+    logs = Path(procs.env["QC_TEST_LOG_DIR"])
+    each, hang = f"{prefix}-each", f"{prefix}-hang"
+    with Client(broker_url) as client:
+        client.enqueue_many(each, [{"n": n} for n in range(1, 301)])
+        client.enqueue_many(hang, [{"n": 0}] + [{"n": n} for n in range(1001, 1005)])
+        expected = set(range(1, 301)) | {0} | set(range(1001, 1005))
+        wait_until(lambda: set(executed(logs)) == expected, timeout_s=90,
+                   message=f"all jobs done; master log:\n{procs.log('master')[-2000:]}")
+        for queue in (each, hang):
+            wait_until(lambda q=queue: client.stats(q)["locked"] == 0, timeout_s=20)
+            assert client.stats(queue) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 0}
+        counts = executed(logs)
+        assert all(counts[n] == 1 for n in range(1, 301)), "an async job ran twice"
+        peaks = [int(v) for p in logs.glob("in-flight-*.log") for v in p.read_text().split()]
+        assert max(peaks) == CONCURRENCY, f"in-flight peak {max(peaks)}"
+        client.purge(each)
+        client.purge(hang)
