@@ -24,6 +24,7 @@ from qcluster.broker.base import Broker, DeadJob, QueueStats
 from qcluster.controls import UNNAMED_TOKEN, Control, ControlKind
 from qcluster.errors import BrokerError, ConfigError
 from qcluster.manager.controls import ControlStore
+from qcluster.manager.periodic import PeriodicJobView, PeriodicTicker, ticker_for
 from qcluster.manager.recorder import Recorder
 from qcluster.manager.rounds import RoundInput, RoundResult, decide
 from qcluster.manager.state import ClusterState
@@ -70,6 +71,9 @@ class ManagerService:
         self.broker_problem: str | None = None
         """Why the loop's last broker read failed; None once one succeeds (/healthz)."""
         self._thread: threading.Thread | None = None
+        self.periodic: PeriodicTicker | None = ticker_for(state.settings, broker,
+                                                          self.broker_lock, clock)
+        """Enqueues the periodic jobs' ticks (its own thread); None: none is declared."""
         self.control_store = ControlStore(broker)
         """Pause and drain, kept in the broker (``manager/controls.py``)."""
         named = tokens if tokens is not None else getattr(state.settings, "tokens", None)
@@ -168,6 +172,10 @@ class ManagerService:
                     token.encode(), secret.encode()):
                 found = name
         return found
+
+    def periodic_jobs(self) -> list[PeriodicJobView]:
+        """The periodic jobs with their last and next run (the admin page)."""
+        return self.periodic.views() if self.periodic is not None else []
 
     def health(self) -> dict[str, str]:
         """``ok``, or ``degraded`` with the reason while the loop's last broker read failed
@@ -302,11 +310,15 @@ class ManagerService:
             logger.exception("broker check failed")
         self._thread = threading.Thread(target=self.loop, name="manager-planner", daemon=True)
         self._thread.start()
+        if self.periodic is not None:
+            self.periodic.start()
 
     def stop(self) -> None:
         """End the loop (a round in progress finishes first), then close the recording.
         Idempotent."""
         self.stopped.set()
+        if self.periodic is not None:
+            self.periodic.stop()
         thread = self._thread
         if thread is not None:
             thread.join(STOP_WAIT_S)

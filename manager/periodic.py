@@ -1,0 +1,205 @@
+"""The manager's ticker: enqueues each tick of each periodic job, once across managers.
+
+A thread of its own (not the planning round: a round may take seconds and runs every
+``interval_s``, up to a minute). It sleeps until the next tick of any job (at most
+:data:`MAX_SLEEP_S`), then for each job computes the due ticks
+(:func:`qcluster.periodic.due_ticks`, from the job's last tick recorded in the broker)
+and, for each, claims it in the broker (``Broker.claim_tick``) and enqueues it only if
+this manager won the claim. A second manager started by mistake, or a restarted one,
+loses the claims of ticks already enqueued, so no tick is enqueued twice.
+
+If the enqueue fails after the claim, the claim is given back (``unclaim_tick``) and the
+next pass tries again. A manager killed between its claim and its enqueue (one broker
+round trip) loses that tick: ticks are enqueued at most once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from qcluster.app import App, load_app
+from qcluster.broker.base import Broker
+from qcluster.config import Settings
+from qcluster.errors import AppImportError, BrokerError, ConfigError
+from qcluster.job import Envelope
+from qcluster.periodic import (
+    MISSED_AFTER_S,
+    PeriodicJobView,
+    PeriodicSpec,
+    due_ticks,
+    job_id,
+    periodic_spec,
+)
+
+logger = logging.getLogger("qcluster.manager.periodic")
+
+#: Longest sleep between passes: a stop, or another manager's death, is noticed this soon.
+MAX_SLEEP_S = 1.0
+#: Headers of an enqueued tick's job: the periodic job's name and the tick (ms since epoch).
+NAME_HEADER = "qcluster-periodic"
+TICK_HEADER = "qcluster-tick"
+
+
+def configured_jobs(settings: Settings, app: App | None = None) -> dict[str, PeriodicSpec]:
+    """``@app.periodic`` jobs, then ``[periodic.NAME]`` (its keys replace the app's for
+    the same NAME). A bad spec is a one-line ConfigError naming the job and the field."""
+    jobs: dict[str, PeriodicSpec] = dict(app.periodic_jobs) if app is not None else {}
+    for name, fields in settings.periodic.items():
+        declared = _declared_fields(jobs.get(name))
+        if "cron" in fields or "every" in fields:  # the file's schedule replaces the app's
+            declared.pop("cron", None)
+            declared.pop("every", None)
+        jobs[name] = periodic_spec(name, {**declared, **fields}, where=f"[periodic.{name}]")
+    return jobs
+
+
+def _declared_fields(spec: PeriodicSpec | None) -> dict[str, Any]:
+    if spec is None:
+        return {}
+    return {key: value for key, value in spec.model_dump(exclude={"name"}).items()
+            if value is not None}
+
+
+def app_for_periodic(settings: Settings) -> App | None:
+    """The app the settings name (``app`` / QCLUSTER_APP), for its ``@app.periodic`` jobs.
+    None when none is named, or when it cannot be imported here (a manager often runs
+    without the application's code): logged, and the configured jobs still run. A bad
+    periodic spec in the app is a ConfigError (the manager refuses to start)."""
+    if not settings.app:
+        return None
+    try:
+        return load_app(settings.app)
+    except AppImportError as exc:
+        logger.warning("periodic jobs of app %s are not run by this manager: %s",
+                       settings.app, exc)
+        return None
+
+
+def ticker_for(settings: Settings, broker: Broker, broker_lock: threading.Lock,
+               clock: Callable[[], float] = time.time) -> PeriodicTicker | None:
+    """The manager's ticker, or None when no periodic job is declared."""
+    jobs = configured_jobs(settings, app_for_periodic(settings))
+    if not jobs:
+        return None
+    return PeriodicTicker(jobs, broker, broker_lock, clock)
+
+
+class PeriodicTicker:
+    """Enqueues periodic jobs' ticks (see the module docstring)."""
+
+    def __init__(self, jobs: dict[str, PeriodicSpec], broker: Broker,
+                 broker_lock: threading.Lock, clock: Callable[[], float] = time.time) -> None:
+        self.jobs = jobs
+        self.broker = broker
+        self.broker_lock = broker_lock
+        """The manager's: a Broker is not thread-safe, and the planning loop uses it too."""
+        self.clock = clock
+        self.started_ms = _ms(clock())
+        """Where a job no manager ever enqueued starts: no tick before this manager ran."""
+        self.last: dict[str, int] = {}
+        """The broker's record as last read: each job's last enqueued tick."""
+        self.enqueued = 0
+        """Ticks this manager enqueued (it won their claims)."""
+        self.stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- one pass ---------------------------------------------------------------------
+
+    def run_due(self) -> float:
+        """Enqueue every due tick this manager wins; returns seconds until the next tick."""
+        now_ms = _ms(self.clock())
+        with self.broker_lock:
+            self.last = {name: tick for name, tick in self.broker.last_ticks().items()
+                         if name in self.jobs}
+            for spec in self.jobs.values():
+                self._run_job(spec, now_ms)
+        return self._seconds_to_next(_ms(self.clock()))
+
+    def _run_job(self, spec: PeriodicSpec, now_ms: int) -> None:
+        last = self.last.get(spec.name)
+        start = last if last is not None else self.started_ms
+        due = due_ticks(spec, start, now_ms)
+        edge = now_ms - round(MISSED_AFTER_S * 1000)
+        if spec.next_tick(start) <= edge:
+            logger.info("periodic %s: ticks after %s were missed (no manager ran); "
+                        "catch_up=%s enqueues %d of them", spec.name, _when(start),
+                        spec.catch_up, sum(1 for tick in due if tick <= edge))
+        previous = last
+        for tick in due:
+            if not self.broker.claim_tick(spec.name, tick):
+                continue  # another manager enqueued it (or a later one)
+            try:
+                self._enqueue(spec, tick)
+            except BrokerError:
+                self.broker.unclaim_tick(spec.name, tick, previous)
+                raise
+            previous = self.last[spec.name] = tick
+            self.enqueued += 1
+
+    def _enqueue(self, spec: PeriodicSpec, tick_ms: int) -> None:
+        identifier = job_id(spec.name, tick_ms)
+        envelope = Envelope(id=identifier, queue=spec.queue, payload=spec.payload,
+                            enqueued_at=self.clock(),
+                            headers={NAME_HEADER: spec.name, TICK_HEADER: str(tick_ms)})
+        self.broker.publish(spec.queue, identifier, envelope.model_dump_json().encode())
+        logger.debug("periodic %s: tick %s enqueued to %s", spec.name, _when(tick_ms),
+                     spec.queue)
+
+    def _seconds_to_next(self, now_ms: int) -> float:
+        next_ms = min(spec.next_tick(now_ms) for spec in self.jobs.values())
+        return max(0.0, (next_ms - now_ms) / 1000)
+
+    # --- what the admin page shows -----------------------------------------------------
+
+    def views(self) -> list[PeriodicJobView]:
+        """Each job with its last enqueued tick (as last read) and its next tick."""
+        now_ms = _ms(self.clock())
+        found = []
+        for name, spec in sorted(self.jobs.items()):
+            last = self.last.get(name)
+            found.append(PeriodicJobView(
+                name=name, queue=spec.queue, schedule=spec.schedule,
+                catch_up=str(spec.catch_up),
+                last_run=last / 1000 if last is not None else None,
+                next_run=spec.next_tick(max(now_ms, last or 0)) / 1000,
+            ))
+        return found
+
+    # --- the thread ---------------------------------------------------------------------
+
+    def loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                wait_s = self.run_due()
+            except (BrokerError, ConfigError) as exc:
+                logger.warning("periodic jobs: %s (trying again)", exc)
+                wait_s = MAX_SLEEP_S
+            except Exception:  # the ticker must outlive one bad pass
+                logger.exception("periodic jobs: pass failed")
+                wait_s = MAX_SLEEP_S
+            self.stopped.wait(min(max(wait_s, 0.001), MAX_SLEEP_S))
+
+    def start(self) -> None:
+        if self._thread is None:
+            logger.info("periodic jobs: %s", ", ".join(
+                f"{s.name} ({s.schedule} -> {s.queue})" for s in self.jobs.values()))
+            self._thread = threading.Thread(target=self.loop, name="manager-periodic",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        self.stopped.set()
+        if self._thread is not None:
+            self._thread.join(wait_s)
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+def _when(tick_ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(tick_ms / 1000))

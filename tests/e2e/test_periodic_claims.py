@@ -1,0 +1,86 @@
+"""Periodic jobs' claims on every backend (qcluster.broker: claim_tick, unclaim_tick,
+last_ticks): of two managers claiming the same tick, one wins; an earlier tick never wins
+again; the record survives the claimer (a new connection reads it)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from qcluster.broker import open_broker
+from qcluster.broker.base import Broker
+
+
+@pytest.fixture
+def job_name() -> str:
+    return f"p-{uuid.uuid4().hex[:10]}"
+
+
+@contextlib.contextmanager
+def opened(url: str) -> Iterator[Broker]:
+    broker = open_broker(url)
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+def test_a_tick_is_claimed_once_and_earlier_ticks_never(broker_url: str, job_name: str) -> None:
+    with opened(broker_url) as first, opened(broker_url) as second:
+        assert first.claim_tick(job_name, 1_000) is True
+        assert second.claim_tick(job_name, 1_000) is False
+        assert first.claim_tick(job_name, 1_000) is False
+        assert second.claim_tick(job_name, 500) is False
+        assert first.claim_tick(job_name, 2_000) is True
+        assert first.last_ticks()[job_name] == 2_000
+        assert second.last_ticks()[job_name] == 2_000
+
+
+def test_the_record_outlives_the_claimer(broker_url: str, job_name: str) -> None:
+    with opened(broker_url) as first:
+        assert first.claim_tick(job_name, 5_000)
+    with opened(broker_url) as restarted:
+        assert restarted.last_ticks()[job_name] == 5_000
+        assert restarted.claim_tick(job_name, 5_000) is False
+        assert restarted.claim_tick(job_name, 6_000) is True
+
+
+def test_unclaim_gives_the_tick_back(broker_url: str, job_name: str) -> None:
+    with opened(broker_url) as broker:
+        assert broker.claim_tick(job_name, 1_000)
+        assert broker.claim_tick(job_name, 2_000)
+        broker.unclaim_tick(job_name, 2_000, 1_000)
+        assert broker.last_ticks()[job_name] == 1_000
+        broker.unclaim_tick(job_name, 2_000, None)  # no longer its claim: nothing changes
+        assert broker.last_ticks()[job_name] == 1_000
+        assert broker.claim_tick(job_name, 2_000)
+
+
+def test_racing_claimers_win_each_tick_once(broker_url: str, job_name: str) -> None:
+    """Four connections claim the same 50 ticks at once: each tick has one winner."""
+    wins: list[list[int]] = [[] for _ in range(4)]
+    brokers = [open_broker(broker_url) for _ in wins]
+    start = threading.Barrier(len(wins))
+
+    def claim_all(index: int) -> None:
+        start.wait()
+        for tick in range(1, 51):
+            if brokers[index].claim_tick(job_name, tick * 1000):
+                wins[index].append(tick)
+
+    threads = [threading.Thread(target=claim_all, args=(i,)) for i in range(len(wins))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        for broker in brokers:
+            broker.close()
+    claimed = sorted(tick for won in wins for tick in won)
+    assert claimed == sorted(set(claimed)), "a tick was claimed twice"
+    assert claimed[-1] == 50
