@@ -152,10 +152,7 @@ class RedisBroker(Broker):
         """
         try:
             with self._errors():
-                config: dict[str, str] = {}
-                for name in ("appendonly", "save", "maxmemory-policy"):
-                    reply = self.client.config_get(name)
-                    config.update({_text(k): _text(v) for k, v in reply.items()})
+                config = _weakest(self._server_configs(("appendonly", "save", "maxmemory-policy")))
         except BrokerUnavailable:
             raise
         except BrokerError:
@@ -178,7 +175,25 @@ class RedisBroker(Broker):
                     f"Redis at {self.safe_url} has no persistence (appendonly no, no save): "
                     "a restart loses every job. Set appendonly yes."
                 )
+        if self.safe_url.startswith(("redis+sentinel:", "redis+cluster:")) and not self.replicas:
+            notes.append(
+                f"Redis at {self.safe_url} publishes without waiting for a replica "
+                "(replicas=0): a failover can lose the jobs published just before it."
+            )
         return notes
+
+    def _server_configs(self, names: Sequence[str]) -> list[dict[str, str]]:
+        """``CONFIG GET`` of each name on our server, or on every master of a Cluster."""
+        servers = ([node.redis_connection for node in cast(Any, self.client).get_primaries()]
+                   if self.cluster else [self.client])
+        configs = []
+        for server in servers:
+            config: dict[str, str] = {}
+            for name in names:
+                reply = server.config_get(name)
+                config.update({_text(k): _text(v) for k, v in reply.items()})
+            configs.append(config)
+        return configs
 
     def check_durability(self) -> None:
         """At connect: refuse an evicting server, warn once per process about the rest.
@@ -461,6 +476,14 @@ class RedisBroker(Broker):
         for delivery in settlement.release:
             args += (_wire_id(delivery.id), delivery.receipt, _activate_ms(delivery.activate_at))
         return args
+
+
+def _weakest(configs: list[dict[str, str]]) -> dict[str, str]:
+    """One configuration for several servers (a Cluster's masters): the one that keeps
+    jobs least safely decides (an evicting policy, then no append-only file)."""
+    evicting = [c for c in configs if c.get("maxmemory-policy") in EVICTING_POLICIES]
+    no_aof = [c for c in configs if c.get("appendonly", "no") != "yes"]
+    return (evicting or no_aof or configs or [{}])[0]
 
 
 def _client_options(retries: int) -> dict[str, Any]:

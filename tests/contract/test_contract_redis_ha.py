@@ -12,8 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from qcluster.broker import open_broker
+from qcluster.broker.redis_broker import RedisBroker
+from qcluster.errors import ConfigError
 from tests.brokers import BrokerUnavailable, PrivateRedisCluster, PrivateRedisSentinel
 from tests.contract.test_contract import *  # noqa: F403 (the contract's tests, run here again)
 from tests.contract.test_contract import publish
@@ -77,3 +80,22 @@ def test_queues_spread_over_the_shards_and_are_all_listed(
         for name in names:
             broker.delete_queue(name)  # type: ignore[attr-defined]
         broker.close()
+
+
+def test_every_master_of_a_cluster_is_checked_for_eviction(
+    redis_cluster: PrivateRedisCluster,
+) -> None:
+    """An evicting policy on any master deletes the jobs of the queues it serves: refused,
+    even when it is not the node the client asks keyless commands (its default node)."""
+    broker = RedisBroker.from_url(redis_cluster.url)
+    default_port = int(broker.client.get_default_node().port)  # type: ignore[attr-defined]
+    other = next(node for node in broker.client.get_primaries()  # type: ignore[attr-defined]
+                 if int(node.port) != default_port)
+    with redis.Redis(port=int(other.port), socket_timeout=5) as server:
+        server.config_set("maxmemory-policy", "allkeys-lru")
+        try:
+            with pytest.raises(ConfigError, match="allkeys-lru"):
+                broker.durability()
+        finally:
+            server.config_set("maxmemory-policy", "noeviction")
+            broker.close()
