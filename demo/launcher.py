@@ -23,6 +23,8 @@ import httpx
 import typer
 from rich.console import Console
 
+from qcluster.demo.feed import Feed
+
 out = Console()
 TICK_S = 0.5
 #: The resize queue's square wave: RESIZE_HIGH jobs/s, then RESIZE_LOW, every RESIZE_EDGE_S.
@@ -104,6 +106,7 @@ def demo(
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     started = time.monotonic()
     sent = 0
+    feed = Feed(arrival_rates)
     try:
         with Client(f"embedded://{state_dir}") as client:
             next_print = 0.0
@@ -111,18 +114,16 @@ def demo(
                 t = time.monotonic() - started
                 if duration is not None and t >= duration:
                     break
-                for queue, rate in arrival_rates(t).items():
-                    count = int(rate * TICK_S)
-                    if count:
-                        client.enqueue_many(queue, [payload(queue, sent + i) for i in range(count)])
-                        sent += count
+                for queue, count in feed.due(t).items():
+                    client.enqueue_many(queue, [payload(queue, sent + i) for i in range(count)])
+                    sent += count
                 if t >= next_print:
                     next_print = t + 5
                     out.print(f"[dim]{t:5.0f}s[/] enqueued {sent:,} | {_summary(admin)}")
                     if any(child.poll() is not None for child in children):
                         out.print("[red]a child process exited; see the logs[/]")
                         break
-                time.sleep(TICK_S)
+                time.sleep(max(0.0, TICK_S - (time.monotonic() - started - t)))
     finally:
         _stop_all(children)
         stop_embedded(state_dir)
