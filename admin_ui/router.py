@@ -8,6 +8,7 @@ keeps the scroll position.
 
 from __future__ import annotations
 
+import datetime
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from qcluster.admin_ui.display import load_bar_percent, load_text
-from qcluster.admin_ui.source import ClusterSource
+from qcluster.admin_ui.source import ClusterSource, ControlSource
 from qcluster.admin_ui.views import age, history_charts, mib, sort_queues
+from qcluster.controls import Control
 from qcluster.errors import InvalidQueueName
 from qcluster.names import check_queue_name
 from qcluster.security import bearer_token
@@ -34,7 +36,7 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 
 def _context(request: Request, **values: Any) -> dict[str, Any]:
     return {"request": request, "refresh_s": REFRESH_S, "age": age, "mib": mib,
-            "load_text": load_text, "load_bar": load_bar_percent, **values}
+            "load_text": load_text, "load_bar": load_bar_percent, "utc": _utc, **values}
 
 
 def build_router(source: ClusterSource) -> APIRouter:
@@ -45,9 +47,12 @@ def build_router(source: ClusterSource) -> APIRouter:
         view = source.cluster_view()
         queues = sort_queues(list(view.queues), sort, dir)
         queue_names = sorted(q.name for q in view.queues)
+        controls = _controls(source)
         return templates.TemplateResponse(request, "index.html", _context(
             request, view=view, queues=queues, queue_names=queue_names, sort=sort, dir=dir,
-            now=view.generated_at or time.time(),
+            now=view.generated_at or time.time(), controls=controls,
+            paused_by={c.name: c for c in controls if c.kind == "pause"},
+            drained_by={c.name: c for c in controls if c.kind == "drain"},
         ))
 
     @router.get("/queues/{name}", response_class=HTMLResponse)
@@ -60,6 +65,8 @@ def build_router(source: ClusterSource) -> APIRouter:
             request, queue=queue, charts=history_charts(source.queue_history(name)),
             dead=source.dead_jobs(name, limit=DEAD_JOBS_SHOWN), dead_limit=DEAD_JOBS_SHOWN,
             preview=PAYLOAD_PREVIEW_CHARS, requeued=requeued,
+            paused=next((c for c in _controls(source)
+                         if c.kind == "pause" and c.name == name), None),
             decisions=[d for d in view.decisions if d.queue == name][:20],
         ))
 
@@ -82,6 +89,15 @@ def build_router(source: ClusterSource) -> APIRouter:
         return RedirectResponse(f"/queues/{name}?requeued={moved}", status_code=303)
 
     return router
+
+
+def _controls(source: ClusterSource) -> list[Control]:
+    return source.controls() if isinstance(source, ControlSource) else []
+
+
+def _utc(at: float) -> str:
+    """'2026-11-24 03:10:05 UTC': when a control was set, as an operator compares it."""
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _unknown_queue(request: Request, name: str) -> Response:

@@ -6,9 +6,10 @@ methods to :func:`admin_ui.router.install`. Tests pass a fake.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from qcluster.broker.base import DeadJob
+from qcluster.controls import Control
 from qcluster.messages import ClusterView, HistoryPoint
 
 
@@ -33,4 +34,14 @@ class ClusterSource(Protocol):
 
     def check_token(self, token: str | None) -> bool:
         """True when ``token`` authorises a state change (False when no token is configured)."""
+        ...
+
+
+@runtime_checkable
+class ControlSource(Protocol):
+    """A source that also has operator controls (the manager does; a page test's fake
+    may not, and then no control is shown)."""
+
+    def controls(self) -> list[Control]:
+        """Pauses and drains in force, each with who (the token's name) and when."""
         ...

@@ -1,0 +1,119 @@
+"""Pause and drain survive the manager: real ``qcluster manager`` processes, the real CLI.
+
+A queue paused and a host drained through ``qcluster pause`` / ``qcluster drain`` are still
+paused and drained, with the same who/when, after the manager is SIGKILLed and a new one
+starts; a second manager sees a change made through the first; resume and undrain lift them.
+On Redis and on RabbitMQ (where the controls are one document in a durable queue).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import QCLUSTER, free_port, qcluster_env, wait_until
+from tests.e2e.cluster import Procs, get_json, get_text, try_json
+from tests.unit.test_manager_state import report
+
+TOKEN = "e2e-controls-7c1d9e3f5a2b4c6d"
+INTERVAL = "0.5"
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+class Managers:
+    def __init__(self, procs: Procs, broker_url: str, config: Path) -> None:
+        self.procs, self.broker_url, self.config = procs, broker_url, config
+        self.count = 0
+
+    def start(self) -> tuple[subprocess.Popen[bytes], int]:
+        port = free_port()
+        self.count += 1
+        proc = self.procs.start(f"manager-{self.count}", "manager", "--config", str(self.config),
+                                "--broker", self.broker_url, "--listen", f"127.0.0.1:{port}",
+                                "--interval", INTERVAL)
+        wait_until(lambda: try_json(port, "/healthz") or proc.poll() is not None,
+                   message="manager up")
+        assert proc.poll() is None, self.procs.log(f"manager-{self.count}")
+        return proc, port
+
+
+def cli(port: int, *args: str, token: str = TOKEN) -> subprocess.CompletedProcess[str]:
+    env = qcluster_env(QCLUSTER_TOKEN=token, QCLUSTER_MANAGER_URL=f"http://127.0.0.1:{port}")
+    return subprocess.run([*QCLUSTER, *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def controls(port: int, names: set[str]) -> dict[str, dict[str, Any]]:
+    """This test's controls (the broker may hold other tests'), by KIND:NAME."""
+    found = try_json(port, "/api/v1/controls") or []
+    return {f"{c['kind']}:{c['name']}": c for c in found if c["name"] in names}
+
+
+def queue_paused(port: int, queue: str) -> bool | None:
+    view = try_json(port, "/api/v1/cluster") or {"queues": []}
+    return next((q["paused"] for q in view["queues"] if q["name"] == queue), None)
+
+
+def test_pause_and_drain_survive_a_killed_manager(url: str, tmp_path: Path) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    queue, host = f"ctl-{suffix}", f"host-{suffix}"
+    config = tmp_path / "qcluster.toml"
+    # The queue is declared here, so the manager plans it (and shows it) without a master.
+    config.write_text(f"[queues.{queue}]\nmax_slots = 2\n")
+    procs = Procs(tmp_path, {"QCLUSTER_TOKEN": TOKEN})
+    managers = Managers(procs, url, config)
+    names = {queue, host}
+    try:
+        first, port = managers.start()
+        paused = cli(port, "pause", queue)
+        assert paused.returncode == 0, paused.stderr
+        assert f"queue {queue} paused by token" in paused.stdout
+        drained = cli(port, "drain", host)
+        assert drained.returncode == 0, drained.stderr
+        before = controls(port, names)
+        assert set(before) == {f"pause:{queue}", f"drain:{host}"}
+        assert {c["by"] for c in before.values()} == {"token"}
+
+        os.killpg(first.pid, signal.SIGKILL)  # no goodbye: the broker alone remembers
+        first.wait()
+        second, port = managers.start()
+        # Read back before the first reply and at every round.
+        wait_until(lambda: controls(port, names) == before, message="controls read back")
+        wait_until(lambda: queue_paused(port, queue) is True, message="queue shown paused")
+        page = get_text(port, "/")
+        assert f'data-control="pause:{queue}"' in page and "token" in page
+        # The drained host's first report is answered with an empty row.
+        body = report(host, {queue: 2}).model_dump(mode="json")
+        reply = httpx.post(f"http://127.0.0.1:{port}/api/v1/reports", json=body,
+                           headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        assert reply.status_code == 200 and reply.json()["row"] == {}
+
+        # A second manager (started by mistake) sees what the first one changes.
+        _, other = managers.start()
+        wait_until(lambda: controls(other, names) == before, message="second manager reads")
+        resumed = cli(port, "resume", queue)
+        assert resumed.returncode == 0, resumed.stderr
+        wait_until(lambda: set(controls(other, names)) == {f"drain:{host}"},
+                   message="the second manager sees the resume")
+        wait_until(lambda: queue_paused(port, queue) is False, message="queue resumed")
+        undrained = cli(other, "undrain", host)
+        assert undrained.returncode == 0, undrained.stderr
+        wait_until(lambda: controls(port, names) == {} and controls(other, names) == {},
+                   message="both managers see the undrain")
+        listed = cli(port, "controls")
+        assert listed.returncode == 0 and queue not in listed.stdout
+        assert get_json(port, "/healthz")["status"] == "ok"
+        second.send_signal(signal.SIGTERM)
+    finally:
+        procs.stop_all()

@@ -1,0 +1,102 @@
+"""Where the controls live: Broker.write_control/read_controls on real Redis and RabbitMQ
+(a second connection, as a restarted or second manager, reads what the first wrote; two
+writers at once lose nothing), and the stored form (any bytes are read without a crash)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from qcluster.broker import open_broker
+from qcluster.broker.base import Broker
+from qcluster.controls import Control, parse_stored
+from qcluster.manager.controls import ControlStore
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+@pytest.fixture
+def brokers(url: str) -> Iterator[tuple[Broker, Broker]]:
+    first, second = open_broker(url), open_broker(url)
+    yield first, second
+    first.close()
+    second.close()
+
+
+def mine(controls: dict[str, Control] | None, tag: str) -> dict[str, Control]:
+    """This test's controls (other tests share the broker)."""
+    assert controls is not None
+    return {key: c for key, c in controls.items() if tag in c.name}
+
+
+def test_what_one_connection_writes_another_reads_back(brokers: tuple[Broker, Broker]) -> None:
+    tag = uuid.uuid4().hex[:8]
+    writer, reader = ControlStore(brokers[0]), ControlStore(brokers[1])
+    paused = Control(kind="pause", name=f"q-{tag}", by="alice", at=1_800_000_000.5)
+    drained = Control(kind="drain", name=f"h-{tag}", by="token", at=1_800_000_001.0)
+    writer.set(paused)
+    writer.set(drained)
+    assert mine(reader.read(), tag) == {paused.key: paused, drained.key: drained}
+    writer.clear("pause", paused.name)
+    assert mine(reader.read(), tag) == {drained.key: drained}
+    replaced = drained.model_copy(update={"by": "bob"})
+    reader.set(replaced)  # the second manager changes it: the first one reads that
+    assert mine(writer.read(), tag) == {drained.key: replaced}
+    reader.clear("drain", drained.name)
+    assert mine(writer.read(), tag) == {}
+
+
+def test_two_writers_at_once_lose_no_control(url: str) -> None:
+    tag = uuid.uuid4().hex[:8]
+    per_writer = 15
+    errors: list[BaseException] = []
+
+    def write(writer_no: int) -> None:
+        broker = open_broker(url)
+        try:
+            store = ControlStore(broker)
+            for n in range(per_writer):
+                store.set(Control(kind="pause", name=f"q-{tag}-{writer_no}-{n}",
+                                  by=f"w{writer_no}", at=float(n)))
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            broker.close()
+
+    threads = [threading.Thread(target=write, args=(no,)) for no in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors
+    reader = open_broker(url)
+    try:
+        found = mine(ControlStore(reader).read(), tag)
+        assert len(found) == 2 * per_writer
+        for control in found.values():
+            ControlStore(reader).clear("pause", control.name)
+    finally:
+        reader.close()
+
+
+@given(key=st.text(max_size=40), value=st.binary(max_size=200))
+def test_any_stored_entry_is_a_control_or_skipped(key: str, value: bytes) -> None:
+    control = parse_stored(key, value)
+    if control is not None:
+        assert control.key == key and control.kind in ("pause", "drain")
+
+
+@given(name=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,40}", fullmatch=True),
+       by=st.text(max_size=30), at=st.floats(0, 4e9))
+def test_a_stored_control_reads_back_the_same(name: str, by: str, at: float) -> None:
+    for kind in ("pause", "drain"):
+        control = Control(kind=kind, name=name, by=by, at=at)
+        assert parse_stored(control.key, control.stored()) == control
