@@ -27,7 +27,6 @@ from qcluster.config import Settings
 from qcluster.errors import AppImportError, BrokerError, ConfigError
 from qcluster.job import Envelope
 from qcluster.periodic import (
-    MISSED_AFTER_S,
     PeriodicJobView,
     PeriodicSpec,
     due_ticks,
@@ -123,7 +122,7 @@ class PeriodicTicker:
         last = self.last.get(spec.name)
         start = last if last is not None else self.started_ms
         due = due_ticks(spec, start, now_ms)
-        edge = now_ms - round(MISSED_AFTER_S * 1000)
+        edge = now_ms - spec.missed_after_ms
         if spec.next_tick(start) <= edge:
             logger.info("periodic %s: ticks after %s were missed (no manager ran); "
                         "catch_up=%s enqueues %d of them", spec.name, _when(start),

@@ -7,10 +7,10 @@ the same ticks. Ticks are whole milliseconds since the epoch: a tick is also the
 suffix and the value the brokers compare, so it must be exact.
 
 Which ticks a manager enqueues (:func:`due_ticks`): those after the job's last enqueued
-tick and not after now (never early). A tick older than :data:`MISSED_AFTER_S` when a
-manager first could enqueue it is *missed* (no manager ran): ``catch_up`` decides what
-happens to the missed ticks, ``"skip"`` (none is enqueued; the default), ``"latest"``
-(only the newest) or a number N (the newest N).
+tick and not after now (never early). A tick older than the job's ``missed_after`` (default
+:data:`MISSED_AFTER_S`) when a manager first could enqueue it is *missed* (no manager
+ran): ``catch_up`` decides what happens to the missed ticks, ``"skip"`` (none is
+enqueued; the default), ``"latest"`` (only the newest) or a number N (the newest N).
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from qcluster.names import check_queue_name
 
 #: A tick not enqueued within this many seconds of its time was missed (no manager ran);
 #: the job's ``catch_up`` decides what happens to it. Within it a tick is merely late.
+#: The default of a job's ``missed_after``.
 MISSED_AFTER_S = 60.0
+MAX_MISSED_AFTER_S = 24 * 3600.0
 #: The most missed ticks ``catch_up = N`` may ask for.
 MAX_CATCH_UP = 1000
 #: Shortest interval: ticks are enqueued by the manager's ticker, not by a hot loop.
@@ -58,7 +60,9 @@ class PeriodicSpec(BaseModel):
     every: float | None = None
     """Seconds between ticks, aligned on the Unix epoch (``every=60`` ticks on each minute)."""
     catch_up: CatchUp = "skip"
-    """Missed ticks (older than MISSED_AFTER_S): "skip", "latest" or the newest N."""
+    """Missed ticks (older than ``missed_after``): "skip", "latest" or the newest N."""
+    missed_after: float = MISSED_AFTER_S
+    """Seconds after which a tick not yet enqueued is missed rather than late."""
 
     @field_validator("name", "queue")
     @classmethod
@@ -108,6 +112,13 @@ class PeriodicSpec(BaseModel):
                              f"{MAX_EVERY_S:g} (366 days)")
         return value
 
+    @field_validator("missed_after")
+    @classmethod
+    def _sane_missed_after(cls, value: float) -> float:
+        if not math.isfinite(value) or not 1.0 <= value <= MAX_MISSED_AFTER_S:
+            raise ValueError(f"{value!r}: want seconds from 1 to {MAX_MISSED_AFTER_S:g} (a day)")
+        return value
+
     @field_validator("catch_up", mode="before")
     @classmethod
     def _bounded_catch_up(cls, value: Any) -> Any:
@@ -137,6 +148,10 @@ class PeriodicSpec(BaseModel):
         if self.catch_up == "latest":
             return 1
         return int(self.catch_up)
+
+    @property
+    def missed_after_ms(self) -> int:
+        return round(self.missed_after * 1000)
 
     # --- tick arithmetic (milliseconds since the epoch) -------------------------------
 
@@ -185,12 +200,11 @@ def _cron_step(schedule: croniter, *, forward: bool) -> int:
     return round(at * 1000)
 
 
-def due_ticks(spec: PeriodicSpec, last_ms: int, now_ms: int,
-              missed_after_ms: int = round(MISSED_AFTER_S * 1000)) -> list[int]:
+def due_ticks(spec: PeriodicSpec, last_ms: int, now_ms: int) -> list[int]:
     """The ticks to enqueue at ``now_ms`` when ``last_ms`` is the job's last enqueued tick
     (or where a new job starts), ascending: every tick of ``(last_ms, now_ms]`` not older
-    than ``missed_after_ms``, after the newest missed ones ``catch_up`` asks for."""
-    edge = now_ms - missed_after_ms
+    than ``missed_after``, after the newest missed ones ``catch_up`` asks for."""
+    edge = now_ms - spec.missed_after_ms
     on_time = list(spec.ticks(max(last_ms, edge), now_ms))
     budget = spec.missed_budget
     missed = spec.newest_ticks(last_ms, edge, budget) if budget and edge > last_ms else []

@@ -172,6 +172,7 @@ def test_missed_ticks_follow_catch_up(every: int, start: int, down: int,
     ({"every": 5, "payload": {"x": float("inf")}}, "payload"),
     ({"every": 5, "queue": "no spaces"}, "queue"),
     ({"every": 5, "bogus": 1}, "bogus"),
+    ({"every": 5, "missed_after": 0}, "missed_after"),
 ])
 def test_a_bad_declaration_is_one_line_naming_the_job_and_the_field(
         fields: dict[str, object], names: str) -> None:
