@@ -504,7 +504,7 @@ class PrivateRedisCluster:
                                        int(info.get("cluster_known_nodes", 0))))
                 state = str(states)
                 if all(ok == "ok" and known == len(self.nodes) for ok, known in states):
-                    synced = self._synced_replicas()
+                    synced = self.synced_replicas()
                     state = f"{synced} of {self.masters} replicas synced"
                     if synced == self.masters:
                         return ""
@@ -513,12 +513,14 @@ class PrivateRedisCluster:
             time.sleep(0.1)
         return state
 
-    def _synced_replicas(self) -> int:
+    def synced_replicas(self) -> int:
         """Replicas whose link to their master is up (a WAIT before that counts none)."""
         import redis
 
         synced = 0
         for node in self.nodes:
+            if node.proc is None:
+                continue  # killed
             with redis.Redis(port=node.port, socket_timeout=5) as client:
                 info = client.info("replication")
                 synced += info.get("role") == "slave" and info.get("master_link_status") == "up"

@@ -57,6 +57,12 @@ EVICTING_POLICIES = frozenset({
     "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl",
 })
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+#: Replies and errors of a Cluster master that died, is failing over or gave its slots away.
+_SLOT_MAP_CHANGES = (
+    redis.ConnectionError, redis.TimeoutError, redis.exceptions.MovedError,
+    redis.exceptions.AskError, redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
 _warned_durability: set[str] = set()
 
 
@@ -99,6 +105,9 @@ class RedisBroker(Broker):
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
         self.cluster = cluster
+        self._stale_slot_map = False
+        """A Cluster master did not answer or moved: refresh the slot map before the next
+        replicated publish (that path talks to the master directly, see _server_for)."""
         self._retention = DeadRetention(dead_max_count, dead_max_age_s)
         self._scripts = {
             name: client.register_script(_load_script(name))
@@ -261,7 +270,7 @@ class RedisBroker(Broker):
         script = self._scripts["publish"]
         with self._errors():
             for attempt in range(3):
-                server = self._server_for(keys[0], refresh=attempt > 0)
+                server = self._server_for(keys[0])
                 pipe = server.pipeline(transaction=False)
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
                 pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
@@ -270,11 +279,13 @@ class RedisBroker(Broker):
                     break
                 except redis.exceptions.NoScriptError:  # a new master: load it there
                     script.sha = server.script_load(script.script)
-                except (redis.exceptions.MovedError, redis.exceptions.AskError,
-                        redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError):
-                    if not self.cluster or attempt == 2:
+                except _SLOT_MAP_CHANGES:
+                    if not self.cluster:
                         raise
-                    time.sleep(0.5 * (attempt + 1))  # the slot map is changing: look again
+                    self._stale_slot_map = True  # a master died or moved: look it up again
+                    if attempt == 2:
+                        raise
+                    time.sleep(0.5 * (attempt + 1))
             else:
                 raise BrokerError(f"Redis at {self.safe_url}: publish script not loaded")
         if acked < self.replicas:
@@ -283,14 +294,15 @@ class RedisBroker(Broker):
                 f"{self.replicas} replica(s) within {self.replica_timeout_ms} ms, so a "
                 "failover could lose them; publish them again (same ids: stored once)")
 
-    def _server_for(self, key: str, *, refresh: bool = False) -> redis.Redis:
+    def _server_for(self, key: str) -> redis.Redis:
         """The client whose connection reaches the master holding ``key``: ours, or on a
         Cluster that master's own (WAIT has no key for the cluster client to route by)."""
         if not self.cluster:
             return self.client
         cluster = cast(Any, self.client)
-        if refresh:
+        if self._stale_slot_map:
             cluster.nodes_manager.initialize()
+            self._stale_slot_map = False
         return cast(redis.Redis, cluster.get_node_from_key(key).redis_connection)
 
     # --- consuming ------------------------------------------------------------

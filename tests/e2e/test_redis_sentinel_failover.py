@@ -17,6 +17,11 @@ import time
 from functools import partial
 from pathlib import Path
 
+import pytest
+import redis
+
+from qcluster.broker import open_broker
+from qcluster.errors import BrokerUnavailable
 from tests.brokers import PrivateRedisSentinel
 from tests.chaos._n_faults import Feeder, backlog, chaos_run, close_run, completed, wait_progress
 from tests.chaos.rows import new_seed
@@ -97,3 +102,50 @@ def _no_enqueue_error_for(feeder: Feeder, window_s: float, started: list[float])
     errors = len(feeder.producer.errors)
     time.sleep(window_s)
     return len(feeder.producer.errors) == errors
+
+
+def test_what_a_failover_loses_without_wait_and_what_wait_refuses(tmp_path: Path) -> None:
+    """Asynchronous replication, shown: with the replica cut off from its master (it tries
+    to reconnect with a wrong password: a lagging or partitioned replica), a publish with
+    ``replicas=0`` returns and its jobs are lost when the master dies and the replica is
+    promoted; with ``replicas=1`` the publish raises instead (the producer knows to publish
+    again). Jobs published while the replica kept up survive either way."""
+    sentinel = PrivateRedisSentinel(tmp_path / "sentinel")
+    sentinel.start()
+    queue = "sentinel-loss"
+    no_wait = open_broker(f"{sentinel.url}?replicas=0")
+    waiting = open_broker(f"{sentinel.url}?replica_timeout_ms=500")
+    try:
+        waiting.publish_many(queue, [("kept-1", b"{}"), ("kept-2", b"{}")])
+        old = sentinel.master()
+        replica = next(server for server in sentinel.servers if server is not old)
+        _cut_off(replica.port, old.port)
+        no_wait.publish_many(queue, [("acked-then-lost", b"{}")])
+        with pytest.raises(BrokerUnavailable, match="0 of 1 replica"):
+            waiting.publish_many(queue, [("refused", b"{}")])
+        old.kill()
+        with redis.Redis(port=replica.port, socket_timeout=5) as client:
+            client.config_set("masterauth", "")
+        wait_until(partial(_new_master, sentinel, old.port), interval_s=0.1,
+                   message="the Sentinels to promote the replica")
+        after = open_broker(f"{sentinel.url}?replicas=0")
+        try:
+            ids = {d.id for d in after.take(queue, max_jobs=10, lock_timeout_s=30)}
+        finally:
+            after.close()
+    finally:
+        no_wait.close()
+        waiting.close()
+        sentinel.stop()
+    assert ids == {"kept-1", "kept-2"}, f"after the failover the queue holds {sorted(ids)}"
+
+
+def _cut_off(replica_port: int, master_port: int) -> None:
+    """Drop the replica's link and keep it down: it reconnects with a password the master
+    refuses (Sentinel does not touch masterauth, so it does not mend this)."""
+    with redis.Redis(port=replica_port, socket_timeout=5) as replica:
+        replica.config_set("masterauth", "wrong")
+        with redis.Redis(port=master_port, socket_timeout=5) as master:
+            master.client_kill_filter(_type="replica")
+        wait_until(lambda: replica.info("replication").get("master_link_status") == "down",
+                   interval_s=0.05, message="the replica's link down")
