@@ -19,11 +19,12 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from qcluster.admin_ui.display import load_bar_percent, load_text
-from qcluster.admin_ui.source import ClusterSource, ControlSource
+from qcluster.admin_ui.source import ClusterSource, ControlSource, PeriodicSource
 from qcluster.admin_ui.views import age, history_charts, mib, sort_queues
 from qcluster.controls import Control
 from qcluster.errors import InvalidQueueName
 from qcluster.names import check_queue_name
+from qcluster.periodic import PeriodicJobView
 from qcluster.security import bearer_token
 
 HERE = Path(__file__).parent
@@ -51,6 +52,7 @@ def build_router(source: ClusterSource) -> APIRouter:
         return templates.TemplateResponse(request, "index.html", _context(
             request, view=view, queues=queues, queue_names=queue_names, sort=sort, dir=dir,
             now=view.generated_at or time.time(), controls=controls,
+            periodic=_periodic_jobs(source),
             paused_by={c.name: c for c in controls if c.kind == "pause"},
             drained_by={c.name: c for c in controls if c.kind == "drain"},
         ))
@@ -93,6 +95,10 @@ def build_router(source: ClusterSource) -> APIRouter:
 
 def _controls(source: ClusterSource) -> list[Control]:
     return source.controls() if isinstance(source, ControlSource) else []
+
+
+def _periodic_jobs(source: ClusterSource) -> list[PeriodicJobView]:
+    return source.periodic_jobs() if isinstance(source, PeriodicSource) else []
 
 
 def _utc(at: float) -> str:

@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 from qcluster.broker.base import DeadJob
 from qcluster.controls import Control
 from qcluster.messages import ClusterView, HistoryPoint
+from qcluster.periodic import PeriodicJobView
 
 
 class ClusterSource(Protocol):
@@ -44,4 +45,14 @@ class ControlSource(Protocol):
 
     def controls(self) -> list[Control]:
         """Pauses and drains in force, each with who (the token's name) and when."""
+        ...
+
+
+@runtime_checkable
+class PeriodicSource(Protocol):
+    """A source that runs periodic jobs (the manager does; a fake may not, and then the
+    overview has no periodic section)."""
+
+    def periodic_jobs(self) -> list[PeriodicJobView]:
+        """Each periodic job with its last enqueued tick and its next one."""
         ...
