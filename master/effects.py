@@ -118,6 +118,15 @@ class ProcessEffects:
         channel = self._channels.get(pid)
         return channel.send(message) if channel is not None else False
 
+    def progress(self, pid: int) -> tuple[int, bytes]:
+        """The slot's shared TakeProgress: (take number, state bytes); (0, b"") when it
+        has none. Read after the slot ended, before :meth:`forget`."""
+        channel = self._channels.get(pid)
+        progress = channel.progress if channel is not None else None
+        if progress is None:
+            return 0, b""
+        return progress.seq, bytes(progress.states)
+
     def forget(self, pid: int) -> None:
         channel = self._channels.pop(pid, None)
         if channel is not None:

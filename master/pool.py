@@ -16,8 +16,22 @@ from qcluster import metrics
 from qcluster.master.counters import MasterCounters
 from qcluster.master.effects import ProcessEffects, SlotMain
 from qcluster.master.reconcile import Action, Fork, LiveSlot, Stop, Switch
-from qcluster.master.slots import KillReason, RestartBackoff, SlotRecord, decode_exit, on_message
-from qcluster.messages import BatchDone, SlotHello, StopSlot, SwitchQueue
+from qcluster.master.slots import (
+    KillReason,
+    RestartBackoff,
+    RestartReason,
+    SlotRecord,
+    decode_exit,
+    give_back,
+    on_message,
+)
+from qcluster.messages import BatchDone, GiveBack, SlotHello, StopSlot, SwitchQueue
+
+#: Give-backs kept while no live slot can take them (older ones are dropped: their jobs
+#: come back when their locks expire, as without a master).
+MAX_PENDING_GIVE_BACKS = 64
+#: Which live slot settles a dead one's jobs first (an idle one answers soonest).
+_GIVE_BACK_ORDER = {"idle": 0, "busy": 1, "starting": 2}
 
 logger = logging.getLogger("qcluster.master.supervisor")
 
@@ -31,6 +45,9 @@ class SlotPool:
         self.slots: dict[int, SlotRecord] = {}
         self._slot_main = slot_main
         self._wall_clock = clock
+        self.give_backs: list[GiveBack] = []
+        """Dead slots' takes waiting for a live slot to settle them (the master has no
+        broker connection)."""
 
     def slot_of(self, pid: int) -> SlotRecord | None:
         return next((s for s in self.slots.values() if s.pid == pid), None)
@@ -88,16 +105,19 @@ class SlotPool:
                 self.backoff.on_batch_done(slot.queue)
             elif isinstance(message, SlotHello):
                 self.backoff.on_booted(slot.queue)
+                self.hand_over_give_backs()
 
     def ended(self, pid: int, code: int, now: float, *, master_stopping: bool) -> None:
         """A child ended: forget its slot, count its restart, start its queue's backoff."""
         slot = self.slot_of(pid)
         if slot is None:
             return
+        self.receive(pid, now)  # its last packets: the take its first batch announced
         del self.slots[slot.slot_no]
+        reason = decode_exit(slot, code, master_stopping=master_stopping)
+        self._keep_give_back(slot, reason, pid)
         self.effects.forget(pid)
         metrics.mark_slot_dead(slot.slot_no)
-        reason = decode_exit(slot, code, master_stopping=master_stopping)
         logger.info("slot %d (pid %d, %s) exited with %d%s", slot.slot_no, pid, slot.queue,
                     code, f": restart ({reason})" if reason else "")
         if reason is None:
@@ -112,7 +132,33 @@ class SlotPool:
         ended = self.effects.reap()
         for pid, code in ended:
             self.ended(pid, code, now, master_stopping=master_stopping)
+        if ended:
+            self.hand_over_give_backs()
         return len(ended)
+
+    def _keep_give_back(self, slot: SlotRecord, reason: RestartReason | None,
+                        pid: int) -> None:
+        """A slot that died holding a take: keep what to settle for it."""
+        seq, states = self.effects.progress(pid)
+        order = give_back(slot, reason, seq, states)
+        if order is not None:
+            self.give_backs = [*self.give_backs, order][-MAX_PENDING_GIVE_BACKS:]
+
+    def hand_over_give_backs(self) -> None:
+        """Send each waiting give-back to a live slot (idle first), which settles it on
+        the broker between two batches; what no slot takes now waits for the next one."""
+        if not self.give_backs:
+            return
+        live = sorted((s for s in self.slots.values() if not s.stopping),
+                      key=lambda s: _GIVE_BACK_ORDER.get(s.state, 3))
+        while self.give_backs and live:
+            if not self.effects.send(live[0].pid, self.give_backs[0]):
+                live.pop(0)  # its buffer is full: the next one
+                continue
+            logger.info("slot %d (pid %d) settles %d jobs a dead slot held on %s",
+                        live[0].slot_no, live[0].pid, len(self.give_backs[0].jobs),
+                        self.give_backs[0].queue)
+            self.give_backs.pop(0)
 
     def bury_all(self, now: float) -> None:
         """SIGKILL every slot and wait for each (the master's last act)."""

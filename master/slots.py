@@ -22,7 +22,9 @@ from qcluster.messages import (
     BatchCounters,
     BatchDone,
     BatchStarted,
+    GiveBack,
     Heartbeat,
+    HeldTake,
     Recycling,
     SlotHello,
     SlotInfo,
@@ -64,6 +66,8 @@ class SlotRecord:
     pss_bytes: int = 0
     private_dirty_bytes: int = 0
     kill_reason: KillReason | None = None
+    held: HeldTake | None = None
+    """The slot's last take as it said with its first batch (see messages.HeldTake)."""
 
     @property
     def stopping(self) -> bool:
@@ -87,6 +91,8 @@ def on_message(slot: SlotRecord, message: SlotToMaster, now: float) -> BatchCoun
         if not slot.stopping:
             slot.move("busy", "batch started")
         slot.deadline = message.deadline_mono
+        if message.take is not None:
+            slot.held = message.take
     elif isinstance(message, BatchDone):
         if not slot.stopping:
             slot.move("idle", "batch done")
@@ -169,3 +175,20 @@ class RestartBackoff:
         waiting = [at for queue, at in self.fork_after.items()
                    if at > now and queue not in self.fatal]
         return min(waiting, default=None)
+
+
+#: Restart reasons after which a slot's take may be unsettled (it died or was killed).
+DIED = frozenset({"crash", "hung", "memory"})
+
+
+def give_back(slot: SlotRecord, reason: RestartReason | None, progress_seq: int,
+              states: bytes) -> GiveBack | None:
+    """What to settle for a slot that ended: its last take, each job by its state in the
+    slot's TakeProgress, when it died (``reason``) while holding that take (the shared
+    take number ``progress_seq`` is the one its first batch announced)."""
+    held = slot.held
+    if reason not in DIED or held is None or progress_seq != held.seq:
+        return None
+    jobs = [(job_id, attempts, activate_at, states[n])
+            for n, (job_id, attempts, activate_at) in enumerate(held.jobs)]
+    return GiveBack(queue=held.queue, receipt=held.receipt, jobs=jobs)

@@ -59,12 +59,40 @@ class Heartbeat(_Msg):
     """True when the last take found nothing ready."""
 
 
+class Progress:
+    """A held job's state, one byte each in its slot's shared
+    :class:`~qcluster.channel.TakeProgress`: not handed to the handler yet, running, done
+    (to ack), ran with a retry or error outcome, failed by the handler."""
+
+    UNSTARTED, RUNNING, DONE, RAN, FAILED = 0, 1, 2, 3, 4
+
+
+HeldJob = tuple[str, int, float]
+"""A taken job as its slot holds it: (id, attempts including this take, activate_at)."""
+
+
+class HeldTake(_Msg):
+    """The jobs of a slot's current take, sent with the take's first BatchStarted when
+    the broker lets another process settle them (``Broker.settles_for_others``): if the
+    slot dies, its master has them given back at once, each by how far it got (the
+    slot's :class:`~qcluster.channel.TakeProgress`)."""
+
+    seq: int
+    """The take's number, as in the slot's TakeProgress (an older take is not acted on)."""
+    queue: str
+    receipt: int
+    """The take's lock token (Redis: the lock's expiry, server ms)."""
+    jobs: list[HeldJob]
+
+
 class BatchStarted(_Msg):
     kind: Literal["batch_started"] = "batch_started"
     queue: str
     size: int
     deadline_mono: float
     """time.monotonic() (system-wide on Linux) after which the master kills the slot."""
+    take: HeldTake | None = None
+    """With a take's first batch: what it holds (see HeldTake)."""
 
 
 class BatchCounters(_Msg):
@@ -124,7 +152,18 @@ class StopSlot(_Msg):
     kind: Literal["stop"] = "stop"
 
 
-MasterToSlot = Annotated[SwitchQueue | StopSlot, Field(discriminator="kind")]
+class GiveBack(_Msg):
+    """Settle the jobs a slot of this master held when it died (to any live slot, which
+    has a broker connection; the master has none): each job by its TakeProgress state."""
+
+    kind: Literal["give_back"] = "give_back"
+    queue: str
+    receipt: int
+    jobs: list[tuple[str, int, float, int]]
+    """(id, attempts, activate_at, TakeProgress state)."""
+
+
+MasterToSlot = Annotated[SwitchQueue | StopSlot | GiveBack, Field(discriminator="kind")]
 MASTER_TO_SLOT: TypeAdapter[MasterToSlot] = TypeAdapter(MasterToSlot)
 
 

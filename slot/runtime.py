@@ -15,7 +15,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,15 +30,18 @@ from qcluster.messages import (
     BatchCounters,
     BatchDone,
     BatchStarted,
+    GiveBack,
     Heartbeat,
+    HeldTake,
     MasterToSlot,
+    Progress,
     Recycling,
     SlotHello,
     StopSlot,
     SwitchQueue,
 )
 from qcluster.slot.aio import run_async_batch
-from qcluster.slot.settle import dead_retention, settle_batch
+from qcluster.slot.settle import dead_retention, give_back_settlement, settle_batch
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,11 @@ PREFETCH_MAX_S = 0.5
 METRICS_WRITE_INTERVAL_S = 0.25
 #: Pause after a broker error before trying again (the client retries inside too).
 BROKER_ERROR_PAUSE_S = 1.0
+#: A take whose ids (plus 40 per job) add up to more is not followed: what it holds goes
+#: to the master in one packet (channel.MAX_PACKET_BYTES), and back in another.
+HELD_MAX_CHARS = 48 * 1024
+_RUNNING = bytes([Progress.RUNNING]) * 4096
+_DONE = bytes([Progress.DONE]) * 4096
 
 
 class SlotRunner:
@@ -94,6 +102,15 @@ class SlotRunner:
         (each suspect runs alone without re-reading its batch-mates every time)."""
         self._pending = Settlement()
         """Outcomes of the last batch, settled with the next take (see step)."""
+        self._progress = channel.progress if channel is not None else None
+        """Shared with the master: how far this slot got through its take (None: not
+        followed, e.g. no master or a broker whose locks only this process can settle)."""
+        if not broker.settles_for_others:
+            self._progress = None
+        self._take_seq = 0
+        """The take followed in TakeProgress (0: none)."""
+        self._take_count = 0
+        self._per_job = _runs_each_job(self.spec)
         self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL_S
 
     # --- lifecycle -----------------------------------------------------------
@@ -165,6 +182,8 @@ class SlotRunner:
             self._salvage(pending)
             raise
         if not deliveries:
+            if self._progress is not None:
+                self._progress.clear()  # the last take is settled: nothing held
             if self.metrics:
                 self.metrics.write()
             self._heartbeat(idle=True)
@@ -172,6 +191,7 @@ class SlotRunner:
         self._one_at_a_time = any(delivery.suspect for delivery in deliveries)
         if self._one_at_a_time:
             deliveries = self._one_suspect(deliveries)
+        held = self._follow(deliveries) if self._progress is not None else None
         taken = time.monotonic()
         settlement = Settlement(retention=self._retention)
         size = policy.batch_size
@@ -184,18 +204,38 @@ class SlotRunner:
             chunk = deliveries[start : start + size]
             self._send(BatchStarted(
                 queue=self.queue, size=len(chunk),
-                deadline_mono=time.monotonic() + policy.batch_timeout,
+                deadline_mono=time.monotonic() + policy.batch_timeout, take=held,
             ))
-            part, counters = self._run_batch(chunk)
+            held = None
+            part, counters = self._run_batch(chunk, start if self._take_seq else -1)
             settlement.ack += part.ack
             settlement.postpone += part.postpone
             settlement.dead += part.dead
+            settlement.refused += part.refused
             self._send(BatchDone(queue=self.queue, counters=counters))
         if defer_settle:
             self._pending = settlement
         else:
             self.broker.settle(self.queue, settlement)
         return True
+
+    def _follow(self, deliveries: list[Delivery]) -> HeldTake | None:
+        """Start following a new take in the shared TakeProgress; what to tell the master
+        with its first batch. None (and not followed) when the take is too big for one
+        packet or holds something a master could not settle (a malformed delivery)."""
+        assert self._progress is not None
+        self._take_seq = 0
+        receipt = deliveries[0].receipt
+        if (not isinstance(receipt, int) or isinstance(receipt, bool)
+                or sum(len(d.id) for d in deliveries) + 40 * len(deliveries) > HELD_MAX_CHARS
+                or any(d.malformed for d in deliveries)
+                or not self._progress.begin(self._take_count + 1, len(deliveries))):
+            self._progress.clear()
+            return None
+        self._take_count += 1
+        self._take_seq = self._take_count
+        return HeldTake(seq=self._take_seq, queue=self.queue, receipt=receipt,
+                        jobs=[(d.id, d.attempts, d.activate_at) for d in deliveries])
 
     def _one_suspect(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Of a take holding suspect jobs (their last take ended by lock expiry: a slot
@@ -252,8 +292,14 @@ class SlotRunner:
 
     # --- one batch -----------------------------------------------------------
 
-    def _run_batch(self, deliveries: Sequence[Delivery]) -> tuple[Settlement, BatchCounters]:
+    def _run_batch(
+        self, deliveries: Sequence[Delivery], first: int = -1,
+    ) -> tuple[Settlement, BatchCounters]:
+        """Decode, run and settle one batch; ``first``: the index of its first delivery
+        in the take followed in TakeProgress (-1: not followed)."""
         jobs, rejected, malformed = self._decode(deliveries)
+        if first >= 0 and jobs:
+            jobs = self._mark_running(jobs, deliveries, first)
         busy_s = self._run_handler(jobs) if jobs else 0.0
         # Prefetch only for handlers that finish fast: slow jobs are better spread
         # over every slot of the queue than queued behind each other in one.
@@ -262,6 +308,12 @@ class SlotRunner:
             jobs, self.spec.policy, rand=self.rand.random, rejected=rejected,
             malformed=malformed, busy_s=busy_s,
         )
+        if malformed < len(rejected):  # taken too often: that take was no attempt
+            refused = {id(d) for d, why in rejected if why.startswith(TAKEN)}
+            settlement.refused = [item for item in settlement.dead if id(item[0]) in refused]
+            settlement.dead = [item for item in settlement.dead if id(item[0]) not in refused]
+        if first >= 0 and jobs:
+            self._mark_outcomes(jobs, deliveries, first, len(settlement.ack))
         if self.metrics:
             self.metrics.observe(self.queue, jobs, counters)
         return settlement, counters
@@ -291,11 +343,57 @@ class SlotRunner:
             if delivery.attempts > policy.max_attempts:
                 # Taken more often than allowed without ever being settled: its slots
                 # died or hung on it. Running it again would likely kill this one too.
-                rejected.append((delivery, f"taken {delivery.attempts} times without "
-                                 f"settling (max_attempts {policy.max_attempts})"))
+                rejected.append((delivery, f"{TAKEN} {delivery.attempts} times without "
+                                 f"settling, ran {delivery.attempts - 1} times "
+                                 f"(max_attempts {policy.max_attempts})"))
                 continue
             jobs.append(job)
         return jobs, rejected, malformed
+
+    def _mark_running(
+        self, jobs: list[Job], deliveries: Sequence[Delivery], first: int
+    ) -> list[Job]:
+        """Before the handler: a batch handler gets every job at once (all RUNNING); a
+        per-job one (``app.job_queue``) marks each job as it reaches it."""
+        assert self._progress is not None
+        states = self._progress.states
+        if self._per_job and len(jobs) == len(deliveries):  # job n is delivery first + n
+            return _MarksEachJob(jobs, states, first)
+        end = first + len(deliveries)
+        states[first:end] = _RUNNING[: len(deliveries)]
+        return jobs
+
+    def _mark_outcomes(
+        self, jobs: list[Job], deliveries: Sequence[Delivery], first: int, acked: int
+    ) -> None:
+        """After the handler: DONE for the acked jobs (all of them, the common case: one
+        slice), RAN or FAILED for the others; jobs refused before the handler stay
+        UNSTARTED (given back, they are refused again)."""
+        assert self._progress is not None
+        states = self._progress.states
+        if acked == len(deliveries):
+            states[first : first + acked] = _DONE[:acked]
+            return
+        where = {id(delivery): first + n for n, delivery in enumerate(deliveries)}
+        for job in jobs:
+            states[where[id(job.delivery)]] = _state_of(job)
+
+    def _give_back(self, command: GiveBack) -> None:
+        """Settle what a slot of our master held when it died (the master has no broker
+        connection). A failure leaves them to their lock expiry, as before."""
+        try:
+            policy = self.app.spec(command.queue).policy
+            settlement = give_back_settlement(command.jobs, command.receipt, policy,
+                                              rand=self.rand.random, now=time.time())
+            self.broker.settle(command.queue, settlement)
+        except Exception as exc:  # never die of it: the locks expire
+            logger.warning("slot %s: could not give back a dead slot's %d jobs of %s: %s",
+                           self.slot_label, len(command.jobs), command.queue, exc)
+            return
+        logger.info("slot %s: gave back a dead slot's jobs of %s: %d unstarted, %d "
+                    "crashed, %d dead, %d acked, %d retried", self.slot_label, command.queue,
+                    len(settlement.release), len(settlement.crashed), len(settlement.dead),
+                    len(settlement.ack), len(settlement.postpone))
 
     def _run_handler(self, jobs: list[Job]) -> float:
         started = time.perf_counter()
@@ -334,10 +432,13 @@ class SlotRunner:
         for command in self.channel.receive():
             if isinstance(command, StopSlot):
                 self.should_stop = True
+            elif isinstance(command, GiveBack):
+                self._give_back(command)
             elif isinstance(command, SwitchQueue) and command.queue != self.queue:
                 self._flush()  # outcomes belong to the old queue
                 self._leave(self.queue)  # and its read-ahead jobs go back, unstarted
                 self.spec = self.app.spec(command.queue)
+                self._per_job = _runs_each_job(self.spec)
                 self._retention = dead_retention(self.spec.policy)
                 logger.info("slot %s: switched to %s", self.slot_label, command.queue)
         if self.channel.closed:
@@ -367,6 +468,48 @@ class SlotRunner:
         )
         self._send(Recycling(private_dirty_bytes=sample.private_dirty_bytes, limit_bytes=limit))
         return True
+
+
+TAKEN = "taken"
+"""How the reason of a job refused for too many takes starts (see _decode)."""
+
+
+def _runs_each_job(spec: QueueSpec) -> bool:
+    """A sync per-job handler (``app.job_queue``): it runs the batch's jobs one by one
+    with ``for job in jobs``, so the slot can mark each as it starts."""
+    per_job = getattr(spec, "per_job", None)  # QueueSpec.per_job once app.py has it
+    if per_job is not None:
+        return bool(per_job) and not getattr(spec, "is_async", False)
+    return (not getattr(spec, "is_async", False)
+            and getattr(spec.handler, "__qualname__", "").endswith(".run_each"))
+
+
+def _state_of(job: Job) -> int:
+    if job.outcome in (None, "done"):
+        return Progress.DONE
+    return Progress.FAILED if job.outcome == "fail" else Progress.RAN
+
+
+class _MarksEachJob(list[Job]):
+    """A batch for a per-job handler: iterating it marks each job RUNNING as the handler
+    reaches it, and the one before DONE/RAN/FAILED by its outcome (a store in shared
+    memory per job, no syscall). Only ``for`` is followed: a job reached another way
+    stays UNSTARTED until the batch ends (given back uncharged if the slot dies)."""
+
+    def __init__(self, jobs: list[Job], states: memoryview, first: int) -> None:
+        super().__init__(jobs)
+        self._states, self._first = states, first
+        """Job n's state is states[first + n]."""
+
+    def __iter__(self) -> Iterator[Job]:
+        states, first = self._states, self._first
+        previous: Job | None = None
+        for n, job in enumerate(list.__iter__(self)):
+            if previous is not None:
+                states[first + n - 1] = _state_of(previous)
+            states[first + n] = Progress.RUNNING
+            previous = job
+            yield job
 
 
 def _refuse_result(result: object) -> None:

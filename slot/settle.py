@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 
 from qcluster.backoff import compute_backoff
 from qcluster.broker.base import DeadRetention, Settlement
-from qcluster.job import Delivery, Job
-from qcluster.messages import BatchCounters
+from qcluster.job import JSON_CONTENT_TYPE, Delivery, Job
+from qcluster.messages import BatchCounters, Progress
 from qcluster.policy import QueuePolicy
 
 
@@ -70,3 +70,48 @@ def settle_batch(
         batches=1, busy_s=busy_s,
     )
     return settlement, counters
+
+
+def give_back_settlement(
+    jobs: Sequence[tuple[str, int, float, int]],
+    receipt: int,
+    policy: QueuePolicy,
+    *,
+    rand: Callable[[], float],
+    now: float,
+) -> Settlement:
+    """How to settle the jobs a slot held when it died, by how far it got with each
+    (``(id, attempts, activate_at, Progress state)``, see messages.GiveBack).
+
+    UNSTARTED jobs go back uncharged; the RUNNING one (what killed the slot, or what it
+    was killed during) is charged and suspect, or dead-lettered once it has run
+    ``max_attempts`` times; DONE ones are acked (their work is done); RAN ones (a retry
+    or an error) are charged as their outcome said, with the policy's backoff (an
+    explicit ``job.retry(delay)`` is not known here); FAILED ones are dead-lettered.
+    """
+    settlement = Settlement(retention=dead_retention(policy))
+    limit = policy.max_attempts
+    for job_id, attempts, activate_at, state in jobs:
+        delivery = Delivery(job_id, b"", attempts, activate_at, now, JSON_CONTENT_TYPE, receipt)
+        if state == Progress.DONE:
+            settlement.ack.append(delivery)
+        elif state == Progress.UNSTARTED:
+            settlement.release.append(delivery)
+        elif state == Progress.RUNNING and attempts >= limit:
+            settlement.dead.append((delivery, f"its slot died while running it, {attempts} "
+                                    f"times (max_attempts {limit})"))
+        elif state == Progress.RUNNING:
+            settlement.crashed.append(delivery)
+        elif state == Progress.FAILED:
+            settlement.dead.append((delivery, "failed by handler (settled by the master: "
+                                    "its slot died before settling)"))
+        elif policy.on_error == "lock":
+            continue  # as settle_batch: it returns when its lock expires
+        elif attempts >= limit:
+            settlement.dead.append((delivery, f"gave up after {attempts} attempts (settled by "
+                                    "the master: its slot died before settling)"))
+        else:
+            delay = compute_backoff(attempts, base_s=policy.retry_base_delay,
+                                    cap_s=policy.retry_max_delay, rand=rand)
+            settlement.postpone.append((delivery, delay))
+    return settlement

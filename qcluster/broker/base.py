@@ -131,12 +131,21 @@ class Settlement:
     release: list[Delivery] = field(default_factory=list)
     """Jobs given back UNSTARTED (read ahead, never handed to a handler): unlocked and
     ready again at once, with their attempts unchanged (no attempt is charged)."""
+    crashed: list[Delivery] = field(default_factory=list)
+    """Jobs whose slot died while running them (given back by its master, see
+    :attr:`Broker.settles_for_others`): the attempt is counted, the job is marked
+    suspect (run alone next time) and is ready again at once."""
+    refused: list[tuple[Delivery, str]] = field(default_factory=list)
+    """Dead-lettered without running, each with its reason: the take that found it was
+    not an attempt (a job taken more often than ``max_attempts`` because its slots died
+    on it), so its dead letter counts only the attempts that ran."""
     retention: DeadRetention | None = None
     """The queue's dead-letter retention (the slot passes its policy's); None: the
     broker's own default (10,000 letters, 14 days)."""
 
     def __len__(self) -> int:
-        return len(self.ack) + len(self.postpone) + len(self.dead) + len(self.release)
+        return (len(self.ack) + len(self.postpone) + len(self.dead) + len(self.release)
+                + len(self.crashed) + len(self.refused))
 
 
 class Broker(ABC):
@@ -149,6 +158,12 @@ class Broker(ABC):
     #: that waiting for the broker is not taken for hung. Backends whose calls cannot wait
     #: that long (Redis: a few seconds) need not call it.
     on_wait: Callable[[], None] | None = None
+    #: True when any process may settle the jobs another one took, with their receipts:
+    #: a slot's master gives the jobs of a slot that died back at once (see
+    #: :meth:`release`), unstarted ones without charging an attempt (Redis: a lock is a
+    #: token in the server). False (RabbitMQ): only the consuming connection can settle
+    #: its deliveries, and the server gives them back when it closes.
+    settles_for_others: bool = False
 
     @abstractmethod
     def publish_many(
@@ -179,7 +194,8 @@ class Broker(ABC):
         """Apply a batch's outcomes: ack (delete), postpone (unlock, activate later),
         dead (move to the dead-letter store with the reason, kept as
         ``settlement.retention`` says), release (unlock, ready now, the take's attempt
-        not counted)."""
+        not counted), crashed (unlock, ready now, counted, suspect), refused (dead, the
+        take not counted)."""
 
     def settle_and_take(
         self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
@@ -202,7 +218,12 @@ class Broker(ABC):
         return None
 
     def release(self, queue: str, deliveries: Sequence[Delivery]) -> None:
-        """Give taken but unstarted jobs back: ready at once, attempts unchanged."""
+        """Give taken but unstarted jobs back: ready at once, attempts unchanged.
+
+        Where :attr:`settles_for_others` is True, another process may do it for the
+        process that took them (a master for a slot that died, a rolling reload): each
+        delivery needs only its ``id``, ``receipt`` and ``activate_at``, as the taking
+        process saw them; a job whose lock expired meanwhile is left as it is."""
         self.settle(queue, Settlement(release=list(deliveries)))
 
     def ack(self, queue: str, deliveries: Sequence[Delivery]) -> None:

@@ -89,6 +89,10 @@ def _load_script(name: str) -> str:
 class RedisBroker(Broker):
     """Queue server on Redis >= 5 (redis://, rediss://, redis+socket://, unix://)."""
 
+    #: A lock is a token (the take's lock expiry) any process can present: a master gives
+    #: the jobs of a slot that died back at once (base.Broker.settles_for_others).
+    settles_for_others = True
+
     def __init__(
         self, client: redis.Redis, *, safe_url: str,
         dead_max_count: int = DEFAULT_DEAD_MAX_COUNT,
@@ -487,6 +491,13 @@ class RedisBroker(Broker):
             args += (_wire_id(delivery.id), delivery.receipt, str(reason))
         for delivery in settlement.release:
             args += (_wire_id(delivery.id), delivery.receipt, _activate_ms(delivery.activate_at))
+        if settlement.crashed or settlement.refused:  # sections older callers leave out
+            args.append(len(settlement.crashed))
+            for delivery in settlement.crashed:
+                args += (_wire_id(delivery.id), delivery.receipt)
+            args.append(len(settlement.refused))
+            for delivery, reason in settlement.refused:
+                args += (_wire_id(delivery.id), delivery.receipt, str(reason))
         return args
 
 
@@ -619,6 +630,7 @@ def _careful_deliveries(reply: list[Any]) -> list[Delivery]:
             reply[1], malformed=f"malformed: {problem}" if problem else "",
         ))
     return deliveries
+
 
 #: Periodic jobs' last enqueued ticks, ``NAME`` -> ms since the epoch (one hash slot).
 PERIODIC_KEY = f"{KEY_PREFIX}:{{periodic}}:last"

@@ -1,11 +1,14 @@
 -- Settle a batch in one atomic step: ack (delete), postpone (unlock, activate later),
--- dead (move to the dead-letter set with a reason), release (unlock, ready now, unstarted).
+-- dead (move to the dead-letter set with a reason), release (unlock, ready now, unstarted),
+-- crashed (unlock, ready now, counted, suspect), refused (dead, not counted).
 -- KEYS: ready, locked, jobs, attempts, dead zset (id -> dead ms), reasons hash, wake list
 -- ARGV: n_ack, n_postpone, n_dead, n_release, dead_max_count, dead_max_age_ms,
 --       then n_ack ids,
 --       then n_postpone triples (id, lock_until_ms, delay_ms),
 --       then n_dead triples (id, lock_until_ms, reason),
---       then n_release triples (id, lock_until_ms, activate_ms).
+--       then n_release triples (id, lock_until_ms, activate_ms),
+--       then n_crashed and n_crashed pairs (id, lock_until_ms),
+--       then n_refused and n_refused triples (id, lock_until_ms, reason).
 -- Postpone, dead and release apply only while the caller still holds the lock (its
 -- lock_until matches): a slot whose lock expired must not move a job another slot now
 -- runs. Postpone and dead count the take in the attempts hash (take.lua reads it); a
@@ -72,6 +75,39 @@ for _ = 1, n_release do
     redis.call('ZADD', KEYS[1], math.min(activate, now), id)
     settled = settled + 1
     released = released + 1
+  end
+end
+-- Appended sections (absent from older callers): crashed pairs (id, lock_until): their
+-- slot died while running them; counted, suspect (negative, as a lock expiry does),
+-- ready now. Refused triples (id, lock_until, reason): dead-lettered without running;
+-- the take that found them is not counted.
+local n_crashed = tonumber(ARGV[i]) or 0
+i = i + 1
+for _ = 1, n_crashed do
+  local id, lock_until = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  if holds_lock(id, lock_until) then
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZADD', KEYS[1], now, id)
+    local before = tonumber(redis.call('HGET', KEYS[4], id)) or 0
+    redis.call('HSET', KEYS[4], id, -(math.abs(before) + 1))
+    settled = settled + 1
+    released = released + 1
+  end
+end
+local n_refused = tonumber(ARGV[i]) or 0
+i = i + 1
+for _ = 1, n_refused do
+  local id, lock_until, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  i = i + 3
+  if holds_lock(id, lock_until) then
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZADD', KEYS[5], now, id)
+    redis.call('HSET', KEYS[6], id, reason)
+    local before = tonumber(redis.call('HGET', KEYS[4], id)) or 0
+    redis.call('HSET', KEYS[4], id, math.abs(before))
+    settled = settled + 1
+    died = died + 1
   end
 end
 if released > 0 then
