@@ -16,8 +16,10 @@ from qcluster.broker.amqp_link import MAX_BLOCK_S
 from qcluster.broker.amqp_messages import (
     ACTIVATE_HEADER,
     ATTEMPTS_HEADER,
+    DELIVERY_COUNT_HEADER,
     SUSPECT_HEADER,
     _body,
+    _fold_delivery_count,
     _is_clean,
     _malformed_delivery,
     _uncounted_redelivery,
@@ -87,7 +89,7 @@ class Consuming(Publishing):
             # A consumer's prefetch is fixed when it starts: restart it with the new one.
             # Messages already delivered stay unacked (locked) on this channel.
             if current.consumer is not None:
-                current.consumer.cancel()
+                self._cancel(queue, current)
             state = current
         else:
             state = _Consumer(channel=self.conn.channel(), consumer=None, prefetch=0)
@@ -117,11 +119,21 @@ class Consuming(Publishing):
         batch streams in while this one runs instead of after its ack reached the broker
         (which otherwise leaves both the slot and RabbitMQ idle once per batch)."""
         check_queue_name(queue)
-        self.settle(queue, settlement)
         ahead = max_jobs if read_ahead else 0
+        self._grow_before_settling(queue, max_jobs + ahead)
+        self.settle(queue, settlement)
         return self._retrying(
             lambda: self._take(queue, max_jobs, wait_s, lock_timeout_s, ahead)
         )
+
+    def _grow_before_settling(self, queue: str, wanted: int) -> None:
+        """A quorum queue's consumer that needs a larger prefetch is cancelled before the
+        settle's acks free its credit: the queue would assign messages to it that it then
+        returns counted as a redelivery (see :meth:`_cancel`)."""
+        state = self._consumers.get(queue)
+        if (state is not None and state.consumer is not None and state.prefetch < wanted
+                and self.queue_type(queue) == "quorum"):
+            self._retrying(lambda: self._cancel(queue, state))
 
     def _take(
         self, queue: str, max_jobs: int, wait_s: float, lock_timeout_s: float, ahead: int = 0
@@ -177,8 +189,7 @@ class Consuming(Publishing):
         of the read-ahead go back unchanged. If the job kills its slot again, only it is
         redelivered and charged, not whatever else the slot had prefetched."""
         if state.consumer is not None:
-            state.consumer.cancel()  # waits for cancel-ok: every delivery is in the buffer
-            state.consumer = None
+            self._cancel(queue, state)
         rest = messages[:index] + messages[index + 1:]
         for message in rest:
             del state.held[message.delivery_tag]
@@ -207,8 +218,7 @@ class Consuming(Publishing):
 
     def _leave(self, queue: str, state: _Consumer) -> None:
         if state.consumer is not None:
-            state.consumer.cancel()  # waits for cancel-ok: every delivery is in the buffer
-            state.consumer = None
+            self._cancel(queue, state)
         if state.buffer:
             messages = list(state.buffer)
             self._give_back_raw(queue, state, messages)
@@ -216,6 +226,15 @@ class Consuming(Publishing):
         if not state.held:
             self._consumers.pop(queue, None)
             state.channel.close()
+
+    def _cancel(self, queue: str, state: _Consumer) -> None:
+        """Stop the queue's consumer (waits for cancel-ok: every delivery of a classic
+        queue is in the buffer). A quorum queue (RabbitMQ 3.10) keeps back the messages
+        it had already assigned to the consumer and returns them later counted as a
+        redelivery: see docs/operations.md, 'Quorum queues'."""
+        if state.consumer is not None:
+            state.consumer.cancel()
+            state.consumer = None
 
     def _expire_locks(self) -> None:
         """Give back, counted and suspect, the jobs taken more than their lock_timeout
@@ -257,6 +276,7 @@ class Consuming(Publishing):
                     headers[ATTEMPTS_HEADER] = attempts + 1
                 headers[SUSPECT_HEADER] = 1
                 headers.setdefault(ACTIVATE_HEADER, time.time())
+            _fold_delivery_count(headers)  # a quorum queue's count, neither lost nor doubled
             properties["application_headers"] = headers
             properties["delivery_mode"] = 2
             copies.append(amqp.Message(_body(message), **properties))
@@ -271,8 +291,8 @@ class Consuming(Publishing):
             headers = message.headers or {}
             attempts = int(headers.get(ATTEMPTS_HEADER, 0)) + 1
             suspect = SUSPECT_HEADER in headers
-            if "x-delivery-count" in headers:  # quorum queues count redeliveries themselves
-                redeliveries = int(headers["x-delivery-count"])
+            if DELIVERY_COUNT_HEADER in headers:  # quorum queues count redeliveries
+                redeliveries = int(headers[DELIVERY_COUNT_HEADER])
                 attempts += redeliveries
                 suspect = suspect or redeliveries > 0
             activate_at = float(headers.get(ACTIVATE_HEADER, now))

@@ -16,12 +16,32 @@ DEAD_AT_HEADER = "x-qc-dead-at"
 #: Present on a copy republished after its take ended without a settle (its slot died,
 #: or a lock expired): the slot runs it alone.
 SUSPECT_HEADER = "x-qc-suspect"
+#: Set by a quorum queue on a redelivery: how many consumers holding this message died.
+DELIVERY_COUNT_HEADER = "x-delivery-count"
 
 
 def _uncounted_redelivery(message: Any) -> bool:
     """Redelivered after a consumer died, on a queue that does not count deliveries."""
     headers = message.headers or {}
-    return bool(message.delivery_info.get("redelivered")) and "x-delivery-count" not in headers
+    return bool(message.delivery_info.get("redelivered")) and DELIVERY_COUNT_HEADER not in headers
+
+
+def _fold_delivery_count(headers: dict[str, Any]) -> None:
+    """A copy of a quorum queue's message records the broker's redeliveries in qcluster's
+    own count: the broker's header is dropped (the copy is a new message whose count starts
+    at 0, and RabbitMQ would overwrite a kept one at its first redelivery, losing the earlier
+    deaths; kept as it is, it would be added again). Unreadable values stay: the slot
+    dead-letters the copy as malformed."""
+    if DELIVERY_COUNT_HEADER not in headers:
+        return
+    attempts = _whole(headers.get(ATTEMPTS_HEADER, 0))
+    redeliveries = _whole(headers[DELIVERY_COUNT_HEADER])
+    if attempts is None or redeliveries is None:
+        return
+    headers[ATTEMPTS_HEADER] = attempts + redeliveries
+    del headers[DELIVERY_COUNT_HEADER]
+    if redeliveries:
+        headers[SUSPECT_HEADER] = 1
 
 
 def _released_headers(delivery: Delivery) -> dict[str, Any]:
@@ -83,7 +103,7 @@ def _malformed_delivery(
 
 def _what_is_wrong(message: Any, exc: BaseException) -> str:
     headers = getattr(message, "headers", None) or {}
-    for name, check in ((ATTEMPTS_HEADER, _whole), ("x-delivery-count", _whole),
+    for name, check in ((ATTEMPTS_HEADER, _whole), (DELIVERY_COUNT_HEADER, _whole),
                         (ACTIVATE_HEADER, _finite)):
         if name in headers and check(headers[name]) is None:
             return f"header {name}={headers[name]!r} is not a valid value"
@@ -110,7 +130,7 @@ def _body(message: Any) -> bytes:
 
 def _dead_job(queue: str, message: Any) -> DeadJob:
     headers = message.properties.get("application_headers") or {}
-    reason = headers.get(REASON_HEADER, "")
+    reason = headers.get(REASON_HEADER, "") or _broker_reason(headers)
     return DeadJob(
         id=_printable(message.properties.get("message_id") or ""),
         queue=queue,
@@ -120,3 +140,12 @@ def _dead_job(queue: str, message: Any) -> DeadJob:
         attempts=_whole(headers.get(ATTEMPTS_HEADER, 0)) or 0,
         dead_at=_finite(headers.get(DEAD_AT_HEADER, 0.0)) or 0.0,
     )
+
+
+def _broker_reason(headers: dict[str, Any]) -> str:
+    """Why RabbitMQ itself dead-lettered a message (a quorum queue's delivery limit)."""
+    why = headers.get("x-first-death-reason")
+    if not why:
+        return ""
+    why = why.decode("utf-8", "replace") if isinstance(why, bytes) else _printable(why)
+    return f"dead-lettered by RabbitMQ: {why}"

