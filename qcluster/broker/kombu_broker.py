@@ -45,12 +45,13 @@ How the queue-server contract maps onto AMQP (README, "Backend semantics"):
   dead link ends in a reconnect or a clear error; ``?connect_timeout=`` and
   ``?write_timeout=`` bound connecting and writing.
 - Operator controls (the manager's pause and drain, :mod:`qcluster.controls`) are one JSON
-  document, ``{"KIND:NAME": value}``, the only message of the durable queue ``qc~controls``
-  (``x-max-length`` 1): AMQP cannot list queues, so one place holds them all. A reader
-  takes the message unacknowledged and gives it back (closes its channel); a writer holds it
-  while it publishes the changed document (confirmed), then acks the old one, so two
-  managers' changes do not overwrite each other. While another process holds it, a reader
-  finds the queue empty and keeps what it read last (``read_controls`` returns None).
+  document, ``{"version": N, "controls": {"KIND:NAME": value}}``, the only message of the
+  durable queue ``qc~controls`` (``x-max-length`` 1): AMQP cannot list queues, so one place
+  holds them all. A reader takes the message unacknowledged and gives it back (closes its
+  channel); a writer holds it while it publishes the changed document (confirmed), then
+  acks the old one, so two managers' changes do not overwrite each other (a writer that
+  dies between the two leaves both: the higher version wins). While another process holds
+  it, a reader finds the queue empty and keeps what it read last (``read_controls``: None).
 - ``stats``: ready and delayed come from the broker (``queue_declare(passive=True)``);
   AMQP cannot report other consumers' unacked messages, so ``locked`` counts only what
   this process holds.
@@ -108,6 +109,8 @@ CONTROLS_ARGUMENTS = {"x-max-length": 1}
 #: long apart (a reader holds it for a round trip), then writes on an empty document.
 CONTROL_HOLD_TRIES = 20
 CONTROL_HOLD_WAIT_S = 0.05
+#: At most this many documents are read (normally one; see _hold_documents).
+CONTROLS_SCAN = 10
 
 
 class KombuBroker(Consuming):
@@ -163,28 +166,19 @@ class KombuBroker(Consuming):
             by_delay.setdefault(0, []).extend(
                 (d.id, d.body, _released_headers(d)) for d in released
             )
-        crashed = [d for d in settlement.crashed if live(d)]
-        if crashed:
-            # Counted and suspect, as a redelivery after its consumer died would be.
-            by_delay.setdefault(0, []).extend(
-                (d.id, d.body, {ATTEMPTS_HEADER: d.attempts, SUSPECT_HEADER: 1,
-                                ACTIVATE_HEADER: d.activate_at}) for d in crashed)
         for delay_s, items in by_delay.items():
             self._send(queue, items, delay_s)
-        # A refused job's take is not counted: its dead letter says the attempts that ran.
-        dead_now = [(d, reason, d.attempts) for d, reason in settlement.dead]
-        dead_now += [(d, reason, max(d.attempts - 1, 0)) for d, reason in settlement.refused]
         dead = [
-            (d.id, d.body, {ATTEMPTS_HEADER: attempts, REASON_HEADER: reason[:4000],
+            (d.id, d.body, {ATTEMPTS_HEADER: d.attempts, REASON_HEADER: reason[:4000],
                             DEAD_AT_HEADER: time.time()})
-            for d, reason, attempts in dead_now if live(d)
+            for d, reason in settlement.dead if live(d)
         ]
         if dead:
             self._send(queue, dead, 0.0, dead=settlement.retention or self._retention)
         done = [d for d in settlement.ack if live(d)]
         done += [d for d, _ in settlement.postpone if live(d)]
-        done += [d for d, _, _ in dead_now if live(d)]
-        done += released + crashed
+        done += [d for d, _ in settlement.dead if live(d)]
+        done += released
         if state is not None and done:
             self._ack(state, {d.receipt[1] for d in done})
 
@@ -291,8 +285,8 @@ class KombuBroker(Consuming):
         def read() -> dict[str, bytes] | None:
             channel = self._controls_channel()
             try:
-                message = channel.basic_get(CONTROLS_QUEUE, no_ack=False)
-                return None if message is None else _control_document(_body(message))
+                held = _hold_documents(channel)
+                return _newest(held)[1] if held else None
             finally:
                 channel.close()  # unacked: the broker puts the document back
 
@@ -302,25 +296,25 @@ class KombuBroker(Consuming):
         def write() -> None:
             channel = self._controls_channel()
             try:
-                held = None
+                held: list[Any] = []
                 for _ in range(CONTROL_HOLD_TRIES):
-                    held = channel.basic_get(CONTROLS_QUEUE, no_ack=False)
-                    if held is not None:
+                    held = _hold_documents(channel)
+                    if held:
                         break
                     time.sleep(CONTROL_HOLD_WAIT_S)  # never written, or held elsewhere
-                document = _control_document(_body(held)) if held is not None else {}
+                version, document = _newest(held) if held else (0, {})
                 if value is None:
                     document.pop(key, None)
                 else:
                     document[key] = value
-                body = json.dumps({k: v.decode("utf-8", "replace")
-                                   for k, v in sorted(document.items())})
+                body = json.dumps({"version": version + 1, "controls": {
+                    k: v.decode("utf-8", "replace") for k, v in sorted(document.items())}})
                 channel.basic_publish_confirm(
                     amqp.Message(body, delivery_mode=2, content_type="application/json"),
                     exchange="", routing_key=CONTROLS_QUEUE,
                     confirm_timeout=self.confirm_timeout_s)
-                if held is not None:
-                    channel.basic_ack(held.delivery_tag)
+                if held:  # only now: until the new one is confirmed, the old one stays
+                    channel.basic_ack(held[-1].delivery_tag, multiple=True)
             finally:
                 channel.close()
 
@@ -360,13 +354,32 @@ class KombuBroker(Consuming):
         self._retrying(delete)
 
 
-def _control_document(body: bytes) -> dict[str, bytes]:
-    """The controls' document; a message that is not one counts as empty (it is replaced
-    at the next write)."""
+def _hold_documents(channel: Any) -> list[Any]:
+    """Every controls document in the queue, held unacknowledged: one, unless a writer died
+    between its confirmed publish and its ack (the old one came back beside the new)."""
+    held: list[Any] = []
+    while len(held) < CONTROLS_SCAN:
+        message = channel.basic_get(CONTROLS_QUEUE, no_ack=False)
+        if message is None:
+            break
+        held.append(message)
+    return held
+
+
+def _newest(held: list[Any]) -> tuple[int, dict[str, bytes]]:
+    return max((_control_document(_body(message)) for message in held), key=lambda d: d[0])
+
+
+def _control_document(body: bytes) -> tuple[int, dict[str, bytes]]:
+    """``(version, controls)``; a message that is not a document counts as an empty one of
+    version 0 (the next write replaces it)."""
     try:
         document = json.loads(body)
     except ValueError:
-        return {}
-    if not isinstance(document, dict):
-        return {}
-    return {str(k): v.encode() for k, v in document.items() if isinstance(v, str)}
+        return 0, {}
+    if not isinstance(document, dict) or not isinstance(document.get("controls"), dict):
+        return 0, {}
+    version = document.get("version")
+    controls = {str(k): v.encode() for k, v in document["controls"].items()
+                if isinstance(v, str)}
+    return (version if isinstance(version, int) else 0), controls

@@ -100,3 +100,43 @@ def test_a_stored_control_reads_back_the_same(name: str, by: str, at: float) -> 
     for kind in ("pause", "drain"):
         control = Control(kind=kind, name=name, by=by, at=at)
         assert parse_stored(control.key, control.stored()) == control
+
+
+def test_rabbitmq_a_writer_dead_between_publish_and_ack_leaves_the_newer_document_winning(
+        rabbitmq_url: str) -> None:
+    """A writer publishes the new document, then dies before acking the old one: the old one
+    comes back beside the new. Readers and the next writer go by the newer version."""
+    import json
+
+    import amqp
+
+    from qcluster.broker.kombu_broker import CONTROLS_QUEUE, KombuBroker
+
+    tag = uuid.uuid4().hex[:8]
+    broker = open_broker(rabbitmq_url)
+    assert isinstance(broker, KombuBroker)
+    store = ControlStore(broker)
+    try:
+        first = Control(kind="pause", name=f"q-{tag}-1", by="a", at=1.0)
+        store.set(first)
+        dying = broker.conn.channel()  # the writer that will die: holds the old document
+        old = dying.basic_get(CONTROLS_QUEUE, no_ack=False)
+        assert old is not None
+        document = json.loads(old.body)
+        second = Control(kind="pause", name=f"q-{tag}-2", by="b", at=2.0)
+        document["controls"][second.key] = second.stored().decode()
+        document["version"] += 1
+        publisher = broker.conn.channel()
+        publisher.basic_publish_confirm(amqp.Message(json.dumps(document), delivery_mode=2),
+                                        exchange="", routing_key=CONTROLS_QUEUE)
+        publisher.close()
+        dying.close()  # died before its ack: the old document is back
+        assert mine(store.read(), tag) == {first.key: first, second.key: second}
+        third = Control(kind="drain", name=f"h-{tag}-3", by="c", at=3.0)
+        store.set(third)
+        assert mine(store.read(), tag) == {first.key: first, second.key: second,
+                                           third.key: third}
+        for control in (first, second, third):
+            store.clear(control.kind, control.name)
+    finally:
+        broker.close()
