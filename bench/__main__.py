@@ -1,6 +1,7 @@
 """`make bench`: every suite in one run, systems alternating (A B C A B C ...), medians.
 
-    python -m bench [--quick] [--only consume,enqueue,host,planner,simulator,memory,latency]
+    python -m bench [--quick]
+                    [--only consume,enqueue,host,planner,simulator,memory,latency,async]
                     [--repeat N] [--jobs N] [--peer-jobs N] [--no-peers]
 
 The peers (Celery, Dramatiq, RQ, arq) are installed on first use into bench/.peers/<name>.
@@ -19,12 +20,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import consume, master_bench, peer_runs, planner_bench, sim_bench, suites
+from bench import async_bench, consume, master_bench, peer_runs, planner_bench, sim_bench, suites
 from bench.common import ROOT, STATE_DIR, summary, versions
 
 RESULTS = ROOT / "bench" / "results"
 QCLUSTER_MEMORY = "qcluster master --slots Q=8"
-SUITES = ("consume", "enqueue", "host", "planner", "simulator", "memory", "latency")
+SUITES = ("consume", "enqueue", "host", "planner", "simulator", "memory", "latency", "async")
 
 
 def alternate(systems: dict[str, Callable[[], float]], repeat: int) -> dict[str, Any]:
@@ -109,6 +110,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     lat = results.get("latency")
     if lat:
         check("enqueue-to-start p99 with idle slots", lat["p99_ms"], 50, "ms", lower=True)
+    aio = results.get("async")
+    if aio and async_bench.ARQ_ROW in aio:
+        check("async handler, 10 ms await per job, batch/concurrency 100 vs arq max_jobs 100",
+              ratio(aio, async_bench.QCLUSTER_ROW, async_bench.ARQ_ROW), None)
     return rows
 
 
@@ -121,7 +126,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append("Run time: " + ", ".join(f"{name} {value:.0f} s"
                                               for name, value in seconds.items()))
     lines.append("")
-    for suite in ("consume", "enqueue"):
+    for suite in ("consume", "enqueue", "async"):
         if suite in results:
             lines += _rate_table(suite, results[suite])
     if "memory" in results:
@@ -181,7 +186,7 @@ def main() -> None:
         "machine": f"{platform.node()} {platform.machine()}, {_cpus()} CPUs",
         "versions": versions(), "jobs": jobs, "peer_jobs": peer_jobs, "repeat": repeat,
         "peer_window_s": peer_runs.WINDOW_S,
-        "commands": consume.commands(),
+        "commands": {**consume.commands(), **async_bench.commands()},
         "seconds": {},
     }
     if peers:
@@ -238,9 +243,13 @@ def _suites(args: argparse.Namespace, repeat: int, jobs: int, peer_jobs: int, pe
         print("latency:", flush=True)
         return suites.latency(seconds=5.0 if args.quick else 10.0)
 
+    def async_suite() -> dict[str, Any]:
+        print("async handlers, 10 ms await per job, one process:", flush=True)
+        return alternate(async_bench.systems(peer_jobs, peers), repeat)
+
     return {"consume": consume_suite, "enqueue": enqueue_suite, "host": host_suite,
             "planner": planner_bench.run, "simulator": sim_bench.run, "memory": memory_suite,
-            "latency": latency_suite}
+            "latency": latency_suite, "async": async_suite}
 
 
 def rerender() -> None:
