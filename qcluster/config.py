@@ -24,7 +24,6 @@ from pydantic_settings import (
 
 from qcluster.errors import ConfigError, InvalidQueueName, field_reasons
 from qcluster.names import check_queue_name
-from qcluster.periodic import periodic_spec
 from qcluster.policy import QueuePolicy
 from qcluster.security import check_token_strength
 
@@ -100,6 +99,11 @@ class Settings(BaseSettings):
     """``[queues.NAME]``: QueuePolicy overrides, keyed by QueuePolicy field names."""
     periodic: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """``[periodic.NAME]``: periodic jobs the manager enqueues (``queue``, ``cron`` or
+    ``every``, ``payload``, ``catch_up``, ``missed_after``); keys given for a NAME the app
+    declares with ``@app.periodic`` replace the app's. Checked where the app's declarations
+    are known too, at the manager's start (qcluster.manager.periodic.configured_jobs)."""
+    periodic: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """``[periodic.NAME]``: periodic jobs the manager enqueues (``queue``, ``cron`` or
     ``every``, ``payload``, ``catch_up``); keys given for a NAME the app declares with
     ``@app.periodic`` replace the app's."""
     master: MasterSettings = Field(default_factory=lambda: MasterSettings.model_validate({}))
@@ -133,21 +137,6 @@ class Settings(BaseSettings):
                     f"[queues.{name}] has unknown key(s) {unknown}; allowed: {sorted(allowed)}"
                 )
             _check_overrides(name, overrides)
-        return value
-
-    @field_validator("periodic")
-    @classmethod
-    def _valid_periodic(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Each given key is checked now; whether a job is complete (a queue, a schedule)
-        is checked where the app's declarations are known too (the manager's start)."""
-        for name, fields in value.items():
-            filler: dict[str, Any] = {"queue": "q"}
-            if "cron" not in fields and "every" not in fields:
-                filler["every"] = 60
-            try:
-                periodic_spec(name, {**filler, **fields}, where=f"[periodic.{name}]")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
         return value
 
     _toml_file: Path | None = None
