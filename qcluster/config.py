@@ -102,10 +102,6 @@ class Settings(BaseSettings):
     ``every``, ``payload``, ``catch_up``, ``missed_after``); keys given for a NAME the app
     declares with ``@app.periodic`` replace the app's. Checked where the app's declarations
     are known too, at the manager's start (qcluster.manager.periodic.configured_jobs)."""
-    periodic: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """``[periodic.NAME]``: periodic jobs the manager enqueues (``queue``, ``cron`` or
-    ``every``, ``payload``, ``catch_up``); keys given for a NAME the app declares with
-    ``@app.periodic`` replace the app's."""
     master: MasterSettings = Field(default_factory=lambda: MasterSettings.model_validate({}))
     manager: ManagerSettings = Field(default_factory=lambda: ManagerSettings.model_validate({}))
 
