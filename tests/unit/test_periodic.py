@@ -9,6 +9,7 @@ ticks follow ``catch_up``.
 
 from __future__ import annotations
 
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,7 @@ def test_interval_ticks_are_the_epoch_aligned_multiples(every: int, start: int,
 @given(st.sampled_from(CRONS), st.integers(T0, T1))
 def test_cron_ticks_are_whole_seconds_in_order(cron: str, start: int) -> None:
     job = spec(cron=cron)
-    ticks = list(job.ticks(start, start + 3 * 3600 * 1000))[:50]
+    ticks = list(islice(job.ticks(start, start + 3 * 3600 * 1000), 50))
     assert all(t % 1000 == 0 for t in ticks)
     assert ticks == sorted(set(ticks))
     assert all(start < t for t in ticks)
