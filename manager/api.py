@@ -67,7 +67,7 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     def reporter_authorised(authorization: Annotated[str | None, Header()] = None) -> None:
         """With a token set, reports need it; without one, only a loopback manager (the
         CLI refuses a public bind without a token) takes them, from this machine."""
-        if service.token or not loopback:
+        if service.tokens or not loopback:
             authorised(authorization)
 
     guarded = [Depends(authorised)]

@@ -28,6 +28,8 @@ class ControlStore:
         self.broker = broker
         self.in_memory: dict[str, bytes] | None = (
             None if hasattr(broker, "write_control") else {})
+        self.warned: set[str] = set()
+        """Stored entries that are no control, warned once each (the loop reads every round)."""
 
     def read(self) -> dict[str, Control] | None:
         """Every control in force by key; None: not readable just now (keep the last).
@@ -40,7 +42,9 @@ class ControlStore:
         for key, value in stored.items():
             control = parse_stored(key, value)
             if control is None:
-                logger.warning("ignoring the stored control %r: not a control", key[:100])
+                if key not in self.warned:
+                    self.warned.add(key)
+                    logger.warning("ignoring the stored control %r: not a control", key[:100])
             else:
                 controls[control.key] = control
         return controls

@@ -76,9 +76,8 @@ class ManagerService:
         """Enqueues the periodic jobs' ticks (its own thread); None: none is declared."""
         self.control_store = ControlStore(broker)
         """Pause and drain, kept in the broker (``manager/controls.py``)."""
-        named = tokens if tokens is not None else getattr(state.settings, "tokens", None)
-        self.tokens: dict[str, str] = {**(named or {})}
-        """Token name -> secret: the named ones and the unnamed ``token`` ("token")."""
+        self.tokens: dict[str, str] = dict(state.settings.tokens if tokens is None else tokens)
+        """Token name -> secret: ``[tokens]`` and the unnamed ``token`` (named "token")."""
         if token:
             self.tokens[UNNAMED_TOKEN] = token
 

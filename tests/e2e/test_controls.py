@@ -8,6 +8,7 @@ On Redis and on RabbitMQ (where the controls are one document in a durable queue
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,8 @@ from tests.e2e.cluster import Procs, get_json, get_text, try_json
 from tests.unit.test_manager_state import report
 
 TOKEN = "e2e-controls-7c1d9e3f5a2b4c6d"
+#: A named token ([tokens] ops = ...): the manager shows "ops" as who drained the host.
+OPS_TOKEN = "e2e-controls-ops-4b6d8f0a2c3e5a7b"
 INTERVAL = "0.5"
 
 
@@ -71,7 +74,8 @@ def test_pause_and_drain_survive_a_killed_manager(url: str, tmp_path: Path) -> N
     config = tmp_path / "qcluster.toml"
     # The queue is declared here, so the manager plans it (and shows it) without a master.
     config.write_text(f"[queues.{queue}]\nmax_slots = 2\n")
-    procs = Procs(tmp_path, {"QCLUSTER_TOKEN": TOKEN})
+    procs = Procs(tmp_path, {"QCLUSTER_TOKEN": TOKEN,
+                             "QCLUSTER_TOKENS": json.dumps({"ops": OPS_TOKEN})})
     managers = Managers(procs, url, config)
     names = {queue, host}
     try:
@@ -79,11 +83,13 @@ def test_pause_and_drain_survive_a_killed_manager(url: str, tmp_path: Path) -> N
         paused = cli(port, "pause", queue)
         assert paused.returncode == 0, paused.stderr
         assert f"queue {queue} paused by token" in paused.stdout
-        drained = cli(port, "drain", host)
+        drained = cli(port, "drain", host, token=OPS_TOKEN)
         assert drained.returncode == 0, drained.stderr
+        assert f"host {host} drained by ops" in drained.stdout
         before = controls(port, names)
         assert set(before) == {f"pause:{queue}", f"drain:{host}"}
-        assert {c["by"] for c in before.values()} == {"token"}
+        assert before[f"pause:{queue}"]["by"] == "token"
+        assert before[f"drain:{host}"]["by"] == "ops"
 
         os.killpg(first.pid, signal.SIGKILL)  # no goodbye: the broker alone remembers
         first.wait()
@@ -92,7 +98,8 @@ def test_pause_and_drain_survive_a_killed_manager(url: str, tmp_path: Path) -> N
         wait_until(lambda: controls(port, names) == before, message="controls read back")
         wait_until(lambda: queue_paused(port, queue) is True, message="queue shown paused")
         page = get_text(port, "/")
-        assert f'data-control="pause:{queue}"' in page and "token" in page
+        assert f'data-control="pause:{queue}"' in page and f'data-control="drain:{host}"' in page
+        assert "ops" in page and OPS_TOKEN not in page and TOKEN not in page
         # The drained host's first report is answered with an empty row.
         body = report(host, {queue: 2}).model_dump(mode="json")
         reply = httpx.post(f"http://127.0.0.1:{port}/api/v1/reports", json=body,
