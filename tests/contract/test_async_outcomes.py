@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -267,7 +267,7 @@ def test_concurrency_is_validated_and_refused_where_it_would_do_nothing() -> Non
 
 
 def test_async_generators_are_refused_at_registration() -> None:
-    async def stream(jobs: list[Job]):  # type: ignore[no-untyped-def]
+    async def stream(jobs: list[Job]) -> AsyncIterator[None]:
         yield None
 
     with pytest.raises(ConfigError, match="async generator"):
