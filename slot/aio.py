@@ -66,6 +66,7 @@ def event_loop() -> asyncio.Runner:
         # touch the parent's selector and loop state.
         _runner, _runner_pid = asyncio.Runner(loop_factory=_loop_factory()), os.getpid()
         atexit.register(_close, _runner)
+        logger.info("async handlers run on %s in process %d", loop_kind(), _runner_pid)
     return _runner
 
 

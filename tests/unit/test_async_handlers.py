@@ -147,3 +147,34 @@ def test_async_specs_are_told_apart_and_overrides_rebuild_the_concurrent_runner(
     merged = app.with_overrides({"each": {"concurrency": 3}})
     assert merged.spec("each").policy.concurrency == 3
     assert merged.spec("each").handler is not app.spec("each").handler
+
+
+def test_a_forked_child_makes_its_own_loop_and_never_runs_the_parents() -> None:
+    """The master never runs a loop, but if a process that had one forks, the child must
+    not reuse it (its selector would be shared with the parent)."""
+    import os
+
+    from qcluster.slot import aio
+
+    def parent_side() -> tuple[int, int]:
+        runner = aio.event_loop()
+        assert runner.run(asyncio.sleep(0, result=1)) == 1
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report whether it got a new runner that works
+            try:
+                child = aio.event_loop()
+                ok = child is not runner and child.run(asyncio.sleep(0, result=2)) == 2
+                os.write(write_fd, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        answer = os.read(read_fd, 1)
+        os.close(read_fd)
+        _, status = os.waitpid(pid, 0)
+        assert aio.event_loop() is runner, "the parent keeps its own loop"
+        return int(answer or b"0"), status
+
+    with ThreadPoolExecutor(1) as pool:
+        answer, status = pool.submit(parent_side).result()
+    assert (answer, status) == (1, 0)
