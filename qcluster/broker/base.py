@@ -24,7 +24,7 @@ from qcluster.policy import (
 )
 
 #: Query parameters that carry a secret (redis-py reads ``?password=``).
-SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pass", "token"})
+SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pass", "token", "sentinel_password"})
 MASK = "**"
 
 

@@ -64,6 +64,8 @@ def test_an_unsupported_scheme_is_refused_with_one_line_and_no_secret(url: str) 
     ("amqp://u:p@a//;amqp://u:q@b//", "amqp://u:**@a//;amqp://u:**@b//"),
     ("redis://u:p@ss@h/0", "redis://u:**@h/0"),  # an "@" inside the password
     ("redis://h/0?password=s3cret&db=1", "redis://h/0?password=**&db=1"),
+    ("redis+sentinel://:p@h:26379/m?sentinel_password=s3&x=1",
+     "redis+sentinel://:**@h:26379/m?sentinel_password=**&x=1"),
     ("redis://h:6379/0", "redis://h:6379/0"),
     ("unix:///run/redis.sock", "unix:///run/redis.sock"),
     ("embedded", "embedded"),

@@ -1,4 +1,4 @@
-"""Issue 15, core part: pure rules (names, delays, handlers) and a Redis client that
+"""Issue 15, core part: pure rules (names, delays) and a Redis client that
 must not hang on a silent server. Each test failed on the code before its fix."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qcluster import App, Job
+from qcluster import Job
 from qcluster.broker.redis_broker import RedisBroker, _delay_ms
 from qcluster.errors import (
     BrokerUnavailable,
-    ConfigError,
     EnvelopeError,
     InvalidDelay,
     InvalidQueueName,
@@ -73,33 +72,6 @@ def test_job_retry_refuses_nan_infinity_negative_and_huge() -> None:
     assert job.outcome is None
     job.retry(2.5)
     assert (job.outcome, job.retry_delay_s) == ("retry", 2.5)
-
-
-# --- handlers ------------------------------------------------------------------------
-
-
-def test_async_handlers_are_refused_at_registration() -> None:
-    app = App()
-
-    async def batch(jobs: list[Job]) -> None: ...
-
-    async def each(job: Job) -> None: ...
-
-    async def generator(jobs: list[Job]):
-        yield None
-
-    class AsyncCallable:
-        async def __call__(self, jobs: list[Job]) -> None: ...
-
-    with pytest.raises(ConfigError, match="is async"):
-        app.queue("a")(batch)
-    with pytest.raises(ConfigError, match="is async"):
-        app.job_queue("b")(each)
-    with pytest.raises(ConfigError, match="is async"):
-        app.queue("c")(generator)
-    with pytest.raises(ConfigError, match="is async"):
-        app.queue("d")(AsyncCallable())
-    assert app.queues == {}
 
 
 # --- Redis on a dead link ------------------------------------------------------------
