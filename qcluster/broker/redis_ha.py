@@ -127,8 +127,9 @@ def connect(parsed: HaUrl, client_options: dict[str, Any]) -> redis.Redis | Redi
 
 
 def cluster_retry(retries: int) -> Retry:
-    """How RedisCluster retries a command while a shard fails over: long enough (~10 s
-    in all) for the replicas to elect a new master (cluster-node-timeout + election)."""
+    """How RedisCluster retries a command that met a dead or moved master (it reads the
+    slot map again between tries); after that BrokerUnavailable, and a slot pauses and
+    tries again until the shard's replica is elected."""
     return Retry(ExponentialBackoff(cap=2.0, base=0.1), retries,
                  supported_errors=(redis.ConnectionError, redis.TimeoutError))
 

@@ -1,5 +1,6 @@
 -- Store jobs and make them ready at server time + ARGV[1] ms.
--- KEYS: ready, jobs, queue registry set, wake list
+-- KEYS: ready, jobs, queue registry set (qc:queues; on a Redis Cluster the queue's own
+--       qc:{NAME}:queues, as a script may only touch keys of one hash slot), wake list
 -- ARGV: delay_ms, queue name, then (id, body) pairs.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
