@@ -44,6 +44,10 @@ class QueueSpec:
     job_handler: AsyncJobHandler | None = None
     """An async per-job handler (``app.job_queue``); ``handler`` then awaits it for each
     job of a batch, ``policy.concurrency`` at a time."""
+    per_job: bool = False
+    """Declared with ``app.job_queue`` (sync or async): ``handler`` takes the batch's jobs
+    one by one, iterating the list it is given (a sync one in order, an async one as its
+    workers take them), and an exception fails only its own job."""
 
 
 class App:
@@ -95,7 +99,7 @@ class App:
                 queue_policy = _checked_policy(name, policy)
                 self._add(_with_policy(QueueSpec(
                     name, _each_concurrently(handler, None), queue_policy, is_async=True,
-                    job_handler=handler)))
+                    job_handler=handler, per_job=True)))
                 return handler
 
             def run_each(jobs: list[Job]) -> None:
@@ -106,7 +110,8 @@ class App:
                         job.mark_error(exc)
 
             run_each.__name__ = getattr(handler, "__name__", "handler")
-            self.queue(name, **policy)(run_each)
+            self._add(_with_policy(QueueSpec(
+                name, run_each, _checked_policy(name, policy), per_job=True)))
             return handler
 
         return bind

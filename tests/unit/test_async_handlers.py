@@ -143,6 +143,7 @@ def test_async_specs_are_told_apart_and_overrides_rebuild_the_concurrent_runner(
     def sync_each(job: Job) -> None: ...
 
     assert [app.spec(q).is_async for q in ("batch", "each", "sync_each")] == [True, True, False]
+    assert [app.spec(q).per_job for q in ("batch", "each", "sync_each")] == [False, True, True]
     assert app.spec("each").job_handler is each and app.spec("batch").handler is batch
     merged = app.with_overrides({"each": {"concurrency": 3}})
     assert merged.spec("each").policy.concurrency == 3
