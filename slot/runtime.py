@@ -234,8 +234,10 @@ class SlotRunner:
             return None
         self._take_count += 1
         self._take_seq = self._take_count
-        return HeldTake(seq=self._take_seq, queue=self.queue, receipt=receipt,
-                        jobs=[(d.id, d.attempts, d.activate_at) for d in deliveries])
+        # Not validated here (it runs once per take; the master validates what it reads).
+        return HeldTake.model_construct(
+            seq=self._take_seq, queue=self.queue, receipt=receipt,
+            jobs=[(d.id, d.attempts, d.activate_at) for d in deliveries])
 
     def _one_suspect(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Of a take holding suspect jobs (their last take ended by lock expiry: a slot
@@ -503,13 +505,13 @@ class _MarksEachJob(list[Job]):
 
     def __iter__(self) -> Iterator[Job]:
         states, first = self._states, self._first
-        previous: Job | None = None
-        for n, job in enumerate(list.__iter__(self)):
-            if previous is not None:
-                states[first + n - 1] = _state_of(previous)
-            states[first + n] = Progress.RUNNING
-            previous = job
+        running = Progress.RUNNING
+        index = first
+        for job in list.__iter__(self):
+            states[index] = running
             yield job
+            states[index] = _state_of(job)  # the handler came back for the next one
+            index += 1
 
 
 def _refuse_result(result: object) -> None:
