@@ -296,7 +296,8 @@ class RedisBroker(Broker):
             raise BrokerUnavailable(
                 f"Redis at {self.safe_url}: the jobs reached the master but only {acked} of "
                 f"{self.replicas} replica(s) within {self.replica_timeout_ms} ms, so a "
-                "failover could lose them; publish them again (same ids: stored once)")
+                "failover could lose them; publish them again (a waiting job published "
+                "twice with the same id is kept once)")
 
     def _server_for(self, key: str) -> redis.Redis:
         """The client whose connection reaches the master holding ``key``: ours, or on a
