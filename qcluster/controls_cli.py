@@ -13,6 +13,7 @@ broker did not store the change: 503); 11 the manager refused the token (401).
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Annotated, Any, NoReturn
 
 import httpx
@@ -67,9 +68,15 @@ def undrain(host: HostArg, manager: ManagerOpt = None, config: ConfigOpt = None)
     out.print(escape(f"host {host} undrained"), highlight=False)
 
 
-def controls(manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
+def controls(
+    manager: ManagerOpt = None, config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
     """The pauses and drains in force, with who set them and when."""
     rows = _request(config, manager, "GET", "/api/v1/controls", needs_token=False)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
     table = Table("control", "name", "by", "since (UTC)")
     for row in rows:
         since = datetime.datetime.fromtimestamp(float(row["at"]), datetime.UTC)

@@ -4,6 +4,7 @@ meets: done, no token, a wrong token, a bad name, the manager down, the broker d
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,6 +72,10 @@ def test_pause_resume_drain_undrain_through_the_manager(manager: Served) -> None
     code, output = run("controls", manager_url=manager.url)
     assert code == 0 and queue in output and host in output and "ops" in output
     assert TOKEN not in output and OPS_TOKEN not in output  # names, never the secrets
+    code, output = run("controls", "--json", manager_url=manager.url)
+    listed = {(c["kind"], c["name"]): c for c in json.loads(output)}
+    assert code == 0 and listed[("drain", host)]["by"] == "ops"
+    assert listed[("pause", queue)]["at"] > 0
     assert run("resume", queue, manager_url=manager.url)[0] == 0
     assert run("undrain", host, manager_url=manager.url)[0] == 0
     assert not {(c.kind, c.name) for c in manager.service.controls()} & {
