@@ -166,19 +166,28 @@ class KombuBroker(Consuming):
             by_delay.setdefault(0, []).extend(
                 (d.id, d.body, _released_headers(d)) for d in released
             )
+        crashed = [d for d in settlement.crashed if live(d)]
+        if crashed:
+            # Counted and suspect, as a redelivery after its consumer died would be.
+            by_delay.setdefault(0, []).extend(
+                (d.id, d.body, {ATTEMPTS_HEADER: d.attempts, SUSPECT_HEADER: 1,
+                                ACTIVATE_HEADER: d.activate_at}) for d in crashed)
         for delay_s, items in by_delay.items():
             self._send(queue, items, delay_s)
+        # A refused job's take is not counted: its dead letter says the attempts that ran.
+        dead_now = [(d, reason, d.attempts) for d, reason in settlement.dead]
+        dead_now += [(d, reason, max(d.attempts - 1, 0)) for d, reason in settlement.refused]
         dead = [
-            (d.id, d.body, {ATTEMPTS_HEADER: d.attempts, REASON_HEADER: reason[:4000],
+            (d.id, d.body, {ATTEMPTS_HEADER: attempts, REASON_HEADER: reason[:4000],
                             DEAD_AT_HEADER: time.time()})
-            for d, reason in settlement.dead if live(d)
+            for d, reason, attempts in dead_now if live(d)
         ]
         if dead:
             self._send(queue, dead, 0.0, dead=settlement.retention or self._retention)
         done = [d for d in settlement.ack if live(d)]
         done += [d for d, _ in settlement.postpone if live(d)]
-        done += [d for d, _ in settlement.dead if live(d)]
-        done += released
+        done += [d for d, _, _ in dead_now if live(d)]
+        done += released + crashed
         if state is not None and done:
             self._ack(state, {d.receipt[1] for d in done})
 
