@@ -119,11 +119,13 @@ class App:
     def periodic(
         self, cron: str | None = None, *, queue: str, payload: Any = None,
         every: float | None = None, catch_up: CatchUp = "skip", name: str | None = None,
+        missed_after: float | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator declaring a periodic job: the manager enqueues ``payload`` (default
         ``{}``) to ``queue`` at each tick of ``cron`` (5 fields, or 6 with seconds first;
         UTC) or ``every`` seconds, once per tick across managers. ``catch_up``: what
-        happens to ticks missed while no manager ran ("skip", "latest" or the newest N).
+        happens to ticks missed while no manager ran ("skip", "latest" or the newest N);
+        a tick is missed once ``missed_after`` seconds (default 60) passed unenqueued.
         The job is named ``name`` or after the decorated function, which is returned as
         it is (it is not called: the queue's handler runs the jobs)::
 
@@ -137,6 +139,8 @@ class App:
                                   "catch_up": catch_up}
         if payload is not None:
             fields["payload"] = payload
+        if missed_after is not None:
+            fields["missed_after"] = missed_after
 
         def bind(target: Callable[..., Any]) -> Callable[..., Any]:
             job = str(name or getattr(target, "__name__", ""))
