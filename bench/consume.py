@@ -14,9 +14,13 @@ from bench.common import BROKERS, REDIS, WINDOW_S, python, spawn, stop, unique
 from bench.common import drain_rate as observe
 from qcluster.client import Client
 
+#: The quorum-queue variant: every queue this bench declares is a RabbitMQ quorum queue.
+_JOIN = "&" if "?" in BROKERS["rabbitmq"] else "?"
+RABBITMQ_QUORUM = f"{BROKERS['rabbitmq']}{_JOIN}queue_type=quorum"
 
-def qcluster_slot(backend: str, batch: int, jobs: int) -> float:
-    url, queue = BROKERS[backend], unique(f"slot{batch}")
+
+def qcluster_slot(backend: str, batch: int, jobs: int, url: str | None = None) -> float:
+    url, queue = url or BROKERS[backend], unique(f"slot{batch}")
     with Client(url) as client:
         for start in range(0, jobs, 10_000):
             client.enqueue_many(queue, [{"n": n} for n in range(start, min(jobs, start + 10_000))])
@@ -80,6 +84,9 @@ def systems(jobs: int, rabbitmq_jobs: int) -> dict[str, Any]:
         for batch in (1, 10, 100):
             runs[f"qcluster slot {backend} batch {batch}"] = (
                 lambda b=backend, n=batch, d=depth: qcluster_slot(b, n, d))
+    for batch in (10, 100):  # classic vs quorum: the same slot, the same depth
+        runs[f"qcluster slot rabbitmq quorum batch {batch}"] = (
+            lambda n=batch: qcluster_slot("rabbitmq", n, rabbitmq_jobs, RABBITMQ_QUORUM))
     # 1,500 jobs/s: 6,000 fill it for longer than its 3-second window.
     runs["kombu consumer redis, prefetch 100, ack each"] = (
         lambda: kombu_consumer(REDIS, min(jobs, 6_000), 1, window_s=WINDOW_S))

@@ -51,6 +51,8 @@ class _Consumer:
     """Each take's lock expiry (monotonic) and deliveries, oldest first."""
     undecodable: dict[int, str] = field(default_factory=dict)
     """Delivery tag -> why kombu could not read the message."""
+    extra: list[Consumer] = field(default_factory=list)
+    """A quorum queue's consumers added to grow the prefetch (never cancelled to grow)."""
 
     def unacked(self) -> set[int]:
         return set(self.held) | {m.delivery_tag for m in self.buffer}
@@ -85,6 +87,13 @@ class Consuming(Publishing):
         if (current and current.consumer is not None and current.prefetch >= wanted
                 and (ahead or current.prefetch <= exact)):
             return current
+        if current and current.consumer is not None and self.queue_type(queue) == "quorum":
+            # Cancelling would charge an attempt to jobs on their way (see _cancel): a
+            # second consumer on the channel adds the credit; a larger prefetch is kept.
+            if current.prefetch < wanted:
+                current.extra.append(self._start(queue, current, wanted - current.prefetch))
+                current.prefetch = wanted
+            return current
         if current:
             # A consumer's prefetch is fixed when it starts: restart it with the new one.
             # Messages already delivered stay unacked (locked) on this channel.
@@ -93,17 +102,22 @@ class Consuming(Publishing):
             state = current
         else:
             state = _Consumer(channel=self.conn.channel(), consumer=None, prefetch=0)
+        state.consumer, state.prefetch = self._start(queue, state, wanted), wanted
+        self._consumers[queue] = state
+        return state
+
+    @staticmethod
+    def _start(queue: str, state: _Consumer, prefetch: int) -> Consumer:
+        """A consumer of ``queue`` on the state's channel, delivering into its buffer."""
         consumer = Consumer(
             state.channel, queues=[Queue(queue, queue_exchange(queue), routing_key=queue,
                                          durable=True)],
             accept=[JSON_CONTENT_TYPE], on_message=state.buffer.append, auto_declare=False,
             on_decode_error=state.on_decode_error,
         )
-        consumer.qos(prefetch_count=wanted)
+        consumer.qos(prefetch_count=prefetch)
         consumer.consume()
-        state.consumer, state.prefetch = consumer, wanted
-        self._consumers[queue] = state
-        return state
+        return consumer
 
     def take(
         self, queue: str, *, max_jobs: int, lock_timeout_s: float, wait_s: float = 0.0
@@ -119,21 +133,11 @@ class Consuming(Publishing):
         batch streams in while this one runs instead of after its ack reached the broker
         (which otherwise leaves both the slot and RabbitMQ idle once per batch)."""
         check_queue_name(queue)
-        ahead = max_jobs if read_ahead else 0
-        self._grow_before_settling(queue, max_jobs + ahead)
         self.settle(queue, settlement)
+        ahead = max_jobs if read_ahead else 0
         return self._retrying(
             lambda: self._take(queue, max_jobs, wait_s, lock_timeout_s, ahead)
         )
-
-    def _grow_before_settling(self, queue: str, wanted: int) -> None:
-        """A quorum queue's consumer that needs a larger prefetch is cancelled before the
-        settle's acks free its credit: the queue would assign messages to it that it then
-        returns counted as a redelivery (see :meth:`_cancel`)."""
-        state = self._consumers.get(queue)
-        if (state is not None and state.consumer is not None and state.prefetch < wanted
-                and self.queue_type(queue) == "quorum"):
-            self._retrying(lambda: self._cancel(queue, state))
 
     def _take(
         self, queue: str, max_jobs: int, wait_s: float, lock_timeout_s: float, ahead: int = 0
@@ -228,13 +232,16 @@ class Consuming(Publishing):
             state.channel.close()
 
     def _cancel(self, queue: str, state: _Consumer) -> None:
-        """Stop the queue's consumer (waits for cancel-ok: every delivery of a classic
-        queue is in the buffer). A quorum queue (RabbitMQ 3.10) keeps back the messages
-        it had already assigned to the consumer and returns them later counted as a
-        redelivery: see docs/operations.md, 'Quorum queues'."""
-        if state.consumer is not None:
-            state.consumer.cancel()
-            state.consumer = None
+        """Stop the queue's consumers (each waits for cancel-ok: every delivery of a
+        classic queue is in the buffer). A quorum queue (RabbitMQ 3.10) keeps back the
+        messages it had already assigned to a consumer and returns them later counted as a
+        redelivery, so it is cancelled only to leave the queue or to run a suspect job
+        alone: see docs/operations.md, 'Quorum queues'."""
+        for consumer in (state.consumer, *state.extra):
+            if consumer is not None:
+                consumer.cancel()
+        state.consumer = None
+        state.extra.clear()
 
     def _expire_locks(self) -> None:
         """Give back, counted and suspect, the jobs taken more than their lock_timeout

@@ -49,23 +49,3 @@ def _delete_test_queue(request: pytest.FixtureRequest) -> Iterator[None]:
             delete(queue)
     finally:
         broker.close()
-
-
-#: Contract tests that fail on quorum queues for a known reason (RabbitMQ 3.10): a consumer
-#: cancelled while the queue had assigned messages to it (a slot restarting its consumer to
-#: change its prefetch, or leaving the queue) gets those messages returned later, counted
-#: as a redelivery, so a job that never ran is charged an attempt and run alone as suspect.
-#: docs/operations.md, "Quorum queues", says so; xfail_strict reports a fix.
-QUORUM_KNOWN_FAILURES = {
-    "test_jobs_read_ahead_when_sigterm_arrives_go_back_with_no_attempt_counted":
-        "a cancelled quorum consumer's in-flight jobs come back charged an attempt",
-    "test_small_batches_of_a_fast_handler_are_prefetched_but_run_batch_size_at_a_time":
-        "each charged job is run alone (suspect), so takes are not shared by batches",
-}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        name = getattr(item, "originalname", item.name)
-        if f"[{RABBITMQ_QUORUM}" in item.name and name in QUORUM_KNOWN_FAILURES:
-            item.add_marker(pytest.mark.xfail(reason=QUORUM_KNOWN_FAILURES[name], strict=False))
