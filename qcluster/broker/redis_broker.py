@@ -56,7 +56,10 @@ EVICTING_POLICIES = frozenset({
     "allkeys-lru", "allkeys-lfu", "allkeys-random",
     "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl",
 })
-_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+#: RedisClusterException: no node of a Cluster answered; CLUSTERDOWN: a shard has no
+#: master (yet): both pass once the cluster is back, like a connection error.
+_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError,
+                      redis.exceptions.RedisClusterException, redis.exceptions.ClusterDownError)
 #: Replies and errors of a Cluster master that died, is failing over or gave its slots away.
 _SLOT_MAP_CHANGES = (
     redis.ConnectionError, redis.TimeoutError, redis.exceptions.MovedError,

@@ -17,13 +17,17 @@ This module only parses URLs and builds the redis-py client; the queue logic is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 import redis
+from redis._parsers.encoders import Encoder
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -104,7 +108,7 @@ def parse_ha_url(url: str) -> HaUrl:
                  password=password, **options)
 
 
-def connect(parsed: HaUrl, client_options: dict[str, Any]) -> redis.Redis | RedisCluster:
+def connect(parsed: HaUrl, client_options: dict[str, Any]) -> redis.Redis | LazyCluster:
     """The redis-py client for ``parsed``; ``client_options`` are the timeouts, keepalive
     and retry a single Redis gets too (see RedisBroker.from_url)."""
     credentials: dict[str, Any] = {"username": parsed.username, "password": parsed.password}
@@ -120,10 +124,44 @@ def connect(parsed: HaUrl, client_options: dict[str, Any]) -> redis.Redis | Redi
                                    **client_options)
     options = dict(client_options)
     options.pop("retry_on_error", None)  # RedisCluster retries by its own rules
-    return RedisCluster(
+    return LazyCluster(lambda: RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],
         require_full_coverage=True, **credentials, **options,
-    )
+    ))
+
+
+class LazyCluster:
+    """A RedisCluster made at its first use. Its constructor connects (it reads the slot
+    map), so a process started while the cluster is down would die of it; this way its
+    calls raise ``redis.ConnectionError`` (BrokerUnavailable for the broker) until a node
+    answers, as a single Redis's would."""
+
+    def __init__(self, make: Callable[[], RedisCluster]) -> None:
+        self._make = make
+        self._client: RedisCluster | None = None
+
+    def register_script(self, script: str) -> Script:
+        # Hashed here, loaded on the server at first call; it calls us as the cluster client.
+        return Script(self, script)  # type: ignore[arg-type]
+
+    def get_encoder(self) -> Encoder:
+        """Script hashes its text with this, before anything is connected."""
+        return Encoder("utf-8", "strict", False)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connected(), name)
+
+    def _connected(self) -> RedisCluster:
+        if self._client is None:
+            try:
+                self._client = self._make()
+            except RedisClusterException as exc:  # no node answered
+                raise redis.ConnectionError(str(exc)) from exc
+        return self._client
 
 
 def cluster_retry(retries: int) -> Retry:
@@ -183,6 +221,6 @@ def _host_text(host: str) -> str:
 
 
 __all__ = [
-    "CLUSTER_SCHEME", "HA_SCHEMES", "SENTINEL_SCHEME", "HaUrl", "cluster_retry", "connect",
-    "is_ha_url", "parse_ha_url",
+    "CLUSTER_SCHEME", "HA_SCHEMES", "SENTINEL_SCHEME", "HaUrl", "LazyCluster", "cluster_retry",
+    "connect", "is_ha_url", "parse_ha_url",
 ]

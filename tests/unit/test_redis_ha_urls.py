@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qcluster.broker import backend_module, check_redis_auth
+from qcluster.broker import backend_module, check_redis_auth, open_broker
 from qcluster.broker.redis_ha import parse_ha_url
-from qcluster.errors import ConfigError
+from qcluster.errors import BrokerUnavailable, ConfigError
+from tests.brokers import free_port
 
 
 def test_sentinel_url_names_sentinels_service_db_and_options() -> None:
@@ -68,3 +69,18 @@ def test_the_printed_url_never_shows_the_password(password: str) -> None:
         parsed = parse_ha_url(url.format(quote(password, safe="")))
         assert parsed.password == password
         assert parsed.safe() == printed
+
+
+def test_a_cluster_down_at_start_is_unavailable_not_a_crash() -> None:
+    """RedisCluster connects in its constructor: a slot or producer started while no node
+    answers got RedisClusterException out of open_broker. Now the broker opens, and its
+    calls raise BrokerUnavailable (a slot pauses and tries again) until a node answers."""
+    url = f"redis+cluster://127.0.0.1:{free_port()}?replicas=0"
+    broker = open_broker(url)
+    try:
+        with pytest.raises(BrokerUnavailable):
+            broker.stats("q")
+        with pytest.raises(BrokerUnavailable):
+            broker.publish_many("q", [("a", b"{}")])
+    finally:
+        broker.close()
