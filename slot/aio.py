@@ -22,7 +22,7 @@ import asyncio
 import atexit
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from qcluster.job import Job
@@ -47,15 +47,18 @@ def cancel_after_s(batch_timeout: float) -> float:
     return batch_timeout - min(CANCEL_LEAD_MAX_S, CANCEL_LEAD_FRACTION * batch_timeout)
 
 
-def run_async_batch(spec: QueueSpec, jobs: list[Job]) -> Any:
-    """Run ``spec``'s async handler on ``jobs`` on this process's loop, within the deadline;
-    returns what the handler returned (None is expected, as from a sync handler).
+def run_async_batch(spec: QueueSpec, jobs: list[Job], work: Awaitable[Any]) -> Any:
+    """Await ``work`` (what ``spec``'s async handler returned for ``jobs``: a coroutine) on
+    this process's loop, within the deadline; returns what the handler returned (None is
+    expected, as from a sync handler).
 
-    An exception from the handler propagates (the slot marks the jobs without an
-    outcome, as for a sync handler); the deadline marks them itself.
+    The slot calls the handler itself and comes here only with a result that is not None,
+    so a sync handler's batch costs nothing more. An exception from the handler
+    propagates (the slot marks the jobs without an outcome, as for a sync handler); the
+    deadline marks them itself.
     """
     budget_s = cancel_after_s(spec.policy.batch_timeout)
-    return event_loop().run(_within_deadline(spec.handler, jobs, budget_s))
+    return event_loop().run(_within_deadline(work, jobs, budget_s))
 
 
 def event_loop() -> asyncio.Runner:
@@ -90,12 +93,11 @@ def _close(runner: asyncio.Runner) -> None:
         runner.close()
 
 
-async def _within_deadline(handler: Callable[[list[Job]], Any], jobs: list[Job],
-                           budget_s: float) -> Any:
+async def _within_deadline(work: Awaitable[Any], jobs: list[Job], budget_s: float) -> Any:
     deadline = asyncio.timeout(budget_s)
     try:
         async with deadline:
-            return await handler(jobs)
+            return await work
     except TimeoutError:
         if not deadline.expired():
             raise  # the handler's own TimeoutError: an exception like any other

@@ -400,10 +400,12 @@ class SlotRunner:
     def _run_handler(self, jobs: list[Job]) -> float:
         started = time.perf_counter()
         try:
-            spec = self.spec
-            result = run_async_batch(spec, jobs) if spec.is_async else spec.handler(jobs)
+            result = self.spec.handler(jobs)
             if result is not None:
-                _refuse_result(result)
+                if self.spec.is_async:  # the coroutine: run on the slot's loop (slot/aio.py)
+                    result = run_async_batch(self.spec, jobs, result)
+                if result is not None:
+                    _refuse_result(result)
         except Exception as exc:  # the handler's failure is the jobs' outcome, not ours
             logger.warning(
                 "slot %s: handler for %s raised %s: %s",

@@ -100,7 +100,7 @@ def test_at_the_deadline_every_unfinished_job_is_settled_and_no_finished_one_cha
         elif what == "fail":
             job.fail("no")
 
-    run(_within_deadline(_each_concurrently(handler, concurrency), jobs, 0.05))
+    run(_within_deadline(_each_concurrently(handler, concurrency)(jobs), jobs, 0.05))
     hung = {n for n, what in enumerate(behaviours) if what == "hang"}
     workers = min(concurrency or len(jobs), len(jobs))
     # A worker stuck on a hung job takes no other: exactly that many hung jobs started.
@@ -122,7 +122,7 @@ def test_a_handlers_own_timeout_error_is_an_exception_not_the_deadline() -> None
         raise TimeoutError("the API was slow")
 
     try:
-        run(_within_deadline(handler, jobs, 30.0))
+        run(_within_deadline(handler(jobs), jobs, 30.0))
     except TimeoutError as exc:
         assert str(exc) == "the API was slow"
     else:
