@@ -68,6 +68,8 @@ class ManagerService:
         self.last_round_s = 0.0
         self.next_broker_check = 0.0
         self.warned_undeclared: set[str] = set()
+        self.listed_queues: set[str] = set()
+        """The broker's queues at the last check (see watch_undeclared)."""
         self.broker_problem: str | None = None
         """Why the loop's last broker read failed; None once one succeeds (/healthz)."""
         self._thread: threading.Thread | None = None
@@ -198,6 +200,8 @@ class ManagerService:
         now = self.clock()  # the broker's counts are as of now (the arrivals depend on it)
         if time.monotonic() >= self.next_broker_check:
             self.check_broker()
+        else:
+            self.watch_undeclared()
         with self.lock:
             self.state.set_stats(stats)
             self.state.prune(now)
@@ -267,15 +271,46 @@ class ManagerService:
         with self.lock:
             self.state.set_broker_warnings(undeclared=undeclared, durability=durability)
 
-    def _undeclared(self, declared: set[str]) -> list[UndeclaredQueueView]:
-        """Broker queues outside ``declared`` with ready or delayed jobs (caller holds the lock)."""
+    def watch_undeclared(self) -> None:
+        """Every round between two broker checks (B3): a queue the broker did not list
+        before, outside the declared ones, and each queue already shown as undeclared is
+        read again, so an enqueue to a queue no app declares shows at the next round with
+        its current count, not after BROKER_CHECK_INTERVAL_S. While there is nothing to
+        show this costs one listing a round (Redis: one SMEMBERS)."""
+        with self.lock:
+            declared = set(self.state.policies(self.clock()))
+            listed = list(self.state.undeclared)
+        shown = [q for q in listed if q.name not in declared]  # an app declares the others now
+        with self.broker_lock:
+            try:
+                names = set(self.broker.queues()) - declared
+                again = (names - self.listed_queues) | {q.name for q in shown}
+                if not again and len(shown) == len(listed):
+                    return
+                fresh = self._read_undeclared(again)
+            except BrokerError as exc:
+                self._broker_read(exc)
+                return
+        self.listed_queues |= names
+        self._warn_undeclared(fresh)  # every shown queue was read again: fresh is the list
+        with self.lock:
+            self.state.set_broker_warnings(undeclared=fresh)
+
+    def _read_undeclared(self, queues: set[str]) -> list[UndeclaredQueueView]:
+        """Those of ``queues`` holding ready or delayed jobs (caller holds broker_lock)."""
         found = []
-        for queue in sorted(set(self.broker.queues()) - declared):
+        for queue in sorted(queues):
             stats = self.broker.stats(queue)
             if stats.ready or stats.delayed:
                 found.append(UndeclaredQueueView(name=queue, ready=stats.ready,
                                                  delayed=stats.delayed))
         return found
+
+    def _undeclared(self, declared: set[str]) -> list[UndeclaredQueueView]:
+        """Broker queues outside ``declared`` with ready or delayed jobs (caller holds the lock)."""
+        names = set(self.broker.queues())
+        self.listed_queues = names  # watch_undeclared reads only what is new, until the next
+        return self._read_undeclared(names - declared)
 
     def _warn_undeclared(self, undeclared: list[UndeclaredQueueView] | None) -> None:
         for queue in undeclared or []:

@@ -1140,6 +1140,10 @@ def test_s5_pip_audit_finds_no_unwaived_vulnerability() -> None:
 
 # --- B3: jobs for a queue no app declares ---------------------------------------------------
 
+#: The manager lists an undeclared queue with its count within this after the last enqueue
+#: (its rounds are 0.5 s apart in the row; it took up to the 60 s broker check before).
+B3_VISIBLE_S = 10.0
+
 
 @pytest.mark.chaos
 def test_b3_jobs_for_an_undeclared_queue_are_warned_shown_and_never_lost(
@@ -1147,8 +1151,9 @@ def test_b3_jobs_for_an_undeclared_queue_are_warned_shown_and_never_lost(
 ) -> None:
     """A cluster whose app declares the queues of prefix A; jobs go to B's flow queue: the
     Client and the CLI warn, the manager logs it and lists the queue (with its count) on the
-    overview page and in /api/v1/cluster; the jobs wait (nothing dead, nothing dropped) and
-    all run once a master whose app declares the queue starts (ledger: lost 0)."""
+    overview page and in /api/v1/cluster within B3_VISIBLE_S; the jobs wait (nothing dead,
+    nothing dropped) and all run once a master whose app declares the queue starts (ledger:
+    lost 0)."""
     started = time.monotonic()
     seed = new_seed()
     first, second = f"s{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
@@ -1200,8 +1205,9 @@ def test_b3_jobs_for_an_undeclared_queue_are_warned_shown_and_never_lost(
         visible_after_s = time.monotonic() - seen_at
         page = _http("GET", f"http://127.0.0.1:{manager_port}/").text
         on_page = queue in page and str(count + 1) in page
-        logged = f"queue {queue} holds {count + 1} jobs but no app declares it" in procs.log(
-            "manager")
+        # Logged once, when first seen: by then the CLI's job may not have come yet.
+        logged = re.search(rf"queue {queue} holds ({count}|{count + 1}) jobs but no app "
+                           "declares it", procs.log("manager")) is not None
         stats = client.stats(queue)
         # a master whose app declares the queue runs every job
         procs.env["QC_CHAOS_PREFIX"] = second
@@ -1227,6 +1233,9 @@ def test_b3_jobs_for_an_undeclared_queue_are_warned_shown_and_never_lost(
         on_admin_page=on_page, listed_after_s=round(visible_after_s, 2), waiting=stats)))
     assert cli.returncode == 0, cli.stderr
     assert client_warned and cli_warned and logged and on_page
+    # Listed at the next planning round (0.5 s here; manager/service.py watch_undeclared),
+    # no longer at the 60 s broker check: a few rounds' slack for a loaded machine.
+    assert visible_after_s <= B3_VISIBLE_S, visible_after_s
     assert stats == {"ready": count + 1, "locked": 0, "delayed": 0, "dead": 0}, stats
     assert report.lost == 0 and report.unexpected == 0 and report.dup_exec == 0, report.summary()
     assert report.completed == count + 1
