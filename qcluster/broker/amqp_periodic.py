@@ -12,6 +12,10 @@ AMQP has no compare-and-set, so the claim is made of two parts:
   new record replaces the old one) holds one JSON document, ``{"NAME": tick_ms}``. Only
   the lock's holder writes it (confirmed before a tick is enqueued); it reads it when it
   takes the lock, so a restarted or second manager starts from the last tick enqueued.
+  Anyone else peeks at it (takes it unacknowledged, gives it back). A peeked document given
+  back after the holder wrote a newer one is the one the length limit drops (checked on
+  RabbitMQ 3.10: the queue keeps the newer); a new holder that finds the queue empty looks
+  again for half a second, in case a reader held the document just then.
 
 ``~`` is not allowed in a queue name (:mod:`qcluster.names`), so no user queue is either.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import amqp
@@ -31,6 +36,10 @@ LEDGER_QUEUE = "qc~periodic.ledger"
 LEDGER_ARGUMENTS = {"x-max-length": 1}
 #: At most this many ledger documents are read (one, unless readers raced a writer).
 LEDGER_READ_LIMIT = 10
+#: A new holder that finds the ledger empty looks again this often, this long apart: another
+#: process may be peeking at the document (it holds it for a round trip).
+EMPTY_LEDGER_TRIES = 10
+EMPTY_LEDGER_WAIT_S = 0.05
 
 
 class PeriodicLedger:
@@ -88,6 +97,11 @@ class PeriodicLedger:
         probe.close()
         channel = self._ledger_channel()
         self._ticks = self._read(channel, close=False)
+        for _ in range(EMPTY_LEDGER_TRIES):
+            if self._ticks:
+                break
+            time.sleep(EMPTY_LEDGER_WAIT_S)  # never written, or a reader holds it just now
+            self._ticks = self._read(channel, close=False)
         self._held_on, self._channel = link, channel
         logger.info("this manager enqueues the periodic jobs (it holds %s)", LOCK_QUEUE)
         return True

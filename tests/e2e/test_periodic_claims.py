@@ -84,3 +84,18 @@ def test_racing_claimers_win_each_tick_once(broker_url: str, job_name: str) -> N
     claimed = sorted(tick for won in wins for tick in won)
     assert claimed == sorted(set(claimed)), "a tick was claimed twice"
     assert claimed[-1] == 50
+
+
+def test_rabbitmq_one_connection_claims_until_it_closes(rabbitmq_url: str,
+                                                        job_name: str) -> None:
+    """RabbitMQ has no compare-and-set: the connection holding the exclusive lock queue
+    claims, another claims nothing (not even a later tick) until that one closes, then
+    takes over from the ledger the first wrote."""
+    with opened(rabbitmq_url) as second:
+        with opened(rabbitmq_url) as first:
+            assert first.claim_tick(job_name, 1_000)
+            assert second.claim_tick(job_name, 2_000) is False
+            assert second.last_ticks()[job_name] == 1_000  # a peek at the ledger
+            assert first.claim_tick(job_name, 2_000)
+        assert second.claim_tick(job_name, 2_000) is False  # the ledger says 2_000
+        assert second.claim_tick(job_name, 3_000) is True
