@@ -13,8 +13,9 @@ The views are built from a :class:`Snapshot` by ``manager/views.py``.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from qcluster.broker.base import QueueStats
@@ -59,10 +60,68 @@ class Sample:
     host: str = ""
 
 
+class HistoryRing:
+    """A queue's history points of the last HISTORY_S, as six floats each in one array
+    allocated whole at the queue's first point: its memory is fixed from then on (a deque
+    of HistoryPoint models grew for the whole first hour, ~0.3 MiB a minute in the L4
+    soak, and held about ten times as much). Points are built when read. Holds
+    ``capacity`` points: at most an hour at the round interval it was sized for."""
+
+    _WIDTH = 6  # at, backlog, slots_planned, slots_current, load (NaN: None), rate_out
+
+    def __init__(self) -> None:
+        self._columns = array("d")
+        self._start = 0
+        self._len = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(self._columns) // self._WIDTH
+
+    def __len__(self) -> int:
+        return self._len
+
+    def append(self, point: HistoryPoint, *, capacity: int) -> None:
+        if not self._columns:
+            self._columns = array("d", bytes(8 * self._WIDTH * max(1, capacity)))
+        if self._len == self.capacity:  # full: the oldest point goes
+            self._start = (self._start + 1) % self.capacity
+            self._len -= 1
+        at = (self._start + self._len) % self.capacity * self._WIDTH
+        load = math.nan if point.load is None else point.load
+        self._columns[at : at + self._WIDTH] = array("d", (
+            point.at, point.backlog, point.slots_planned, point.slots_current, load,
+            point.rate_out))
+        self._len += 1
+
+    def drop_before(self, cutoff: float) -> None:
+        while self._len and self._columns[self._start * self._WIDTH] < cutoff:
+            self._start = (self._start + 1) % self.capacity
+            self._len -= 1
+
+    def __iter__(self) -> Iterator[HistoryPoint]:
+        columns, width = self._columns, self._WIDTH
+        for n in range(self._len):
+            at = (self._start + n) % self.capacity * width
+            when, backlog, planned, current, load, rate = columns[at : at + width]
+            yield HistoryPoint.model_construct(  # the values were validated when added
+                at=when, backlog=int(backlog), slots_planned=int(planned),
+                slots_current=int(current), load=None if math.isnan(load) else load,
+                rate_out=rate)
+
+    def since(self, cutoff: float) -> tuple[HistoryPoint, ...]:
+        return tuple(point for point in self if point.at >= cutoff)
+
+
+#: Spare room in a queue's HistoryRing beyond an hour of rounds (a late round, a restart
+#: of the loop).
+HISTORY_SPARE = 16
+
+
 @dataclass
 class QueueTrack:
     samples: deque[Sample] = field(default_factory=deque)
-    history: deque[HistoryPoint] = field(default_factory=deque)
+    history: HistoryRing = field(default_factory=HistoryRing)
     settled: int = 0
     """Jobs processed (done, retried or failed) in every report received, cumulative."""
     ledger: ArrivalLedger = field(default_factory=ArrivalLedger)
@@ -268,6 +327,10 @@ class ClusterState:
         track = self.tracks.get(queue)
         return list(track.history) if track is not None else []
 
+    def history_capacity(self) -> int:
+        """Points a queue's HistoryRing holds: HISTORY_S at the round interval."""
+        return math.ceil(HISTORY_S / self.cfg.interval_s) + HISTORY_SPARE
+
     # --- one planning round ------------------------------------------------------
 
     def round_input(self, now: float) -> RoundInput:
@@ -342,9 +405,8 @@ class ClusterState:
                 at=now, backlog=queue_plan.backlog, slots_planned=queue_plan.planned,
                 slots_current=queue_plan.current, load=defined(queue_plan.load),
                 rate_out=rate_out(self.held(name, now)),
-            ))
-            while track.history and track.history[0].at < now - HISTORY_S:
-                track.history.popleft()
+            ), capacity=self.history_capacity())
+            track.history.drop_before(now - HISTORY_S)
 
     def observation(self, since: float, now: float) -> RoundObservation:
         """Hosts, policies and per-queue counts from reports received in ``(since, now]``
@@ -381,7 +443,7 @@ class ClusterState:
                 plan=self.plans.get(name),
                 running=sum(row.get(name, 0) for row in running.values()),
                 samples=tuple(self.held(name, now)),
-                history=tuple(p for p in track.history if p.at >= cutoff),
+                history=track.history.since(cutoff),
                 paused=name in self.paused,
             ))
         hosts = tuple(HostSnapshot(name, entry, name in alive, dict(self.slot_map.get(name, {})))
