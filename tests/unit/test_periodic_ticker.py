@@ -1,0 +1,113 @@
+"""The manager's ticker (manager/periodic.py) on a real Redis, with a clock the test moves:
+ticks enqueued once across two tickers, a job's first tick after the manager started, a
+failed publish gives its claim back and the next pass enqueues the tick, missed ticks per
+catch_up, and what the admin page is given."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from qcluster.broker import open_broker
+from qcluster.broker.base import Broker
+from qcluster.errors import BrokerUnavailable
+from qcluster.job import decode_envelope
+from qcluster.manager.periodic import PeriodicTicker
+from qcluster.periodic import periodic_spec
+
+#: 2030-01-01T00:00:00Z: a whole minute, so every-second ticks are easy to name.
+T0 = 1_893_456_000.0
+
+
+class Clock:
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[Broker]:
+    opened = open_broker(redis_url)
+    yield opened
+    opened.close()
+
+
+def ticker(broker: Broker, clock: Clock, queue: str, name: str,
+           **fields: object) -> PeriodicTicker:
+    spec = periodic_spec(name, {"queue": queue, "every": 1, **fields}, where="test")
+    return PeriodicTicker({name: spec}, broker, threading.Lock(), clock)
+
+
+def enqueued(broker: Broker, queue: str) -> list[int]:
+    """The ticks of the queue's jobs, taken and acked."""
+    ticks = []
+    while batch := broker.take(queue, max_jobs=500, lock_timeout_s=60):
+        ticks += [int(decode_envelope(d.body).headers["qcluster-tick"]) for d in batch]
+        broker.ack(queue, batch)
+    return sorted(ticks)
+
+
+def ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def test_two_tickers_enqueue_each_tick_once_from_the_managers_start(
+        broker: Broker, queue_name: str) -> None:
+    name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
+    first = ticker(broker, clock, queue_name, name)
+    second = ticker(broker, clock, queue_name, name)
+    assert first.run_due() == pytest.approx(0.5)  # seconds to the next tick
+    clock.at = T0 + 3.2
+    first.run_due()
+    second.run_due()
+    clock.at = T0 + 4.0
+    second.run_due()
+    first.run_due()
+    assert enqueued(broker, queue_name) == [ms(T0 + 1), ms(T0 + 2), ms(T0 + 3), ms(T0 + 4)]
+    assert first.enqueued + second.enqueued == 4
+    view = first.views()[0]
+    assert view.last_run == T0 + 4 and view.next_run == T0 + 5
+    assert view.schedule == "every 1 s" and view.queue == queue_name
+
+
+def test_a_failed_publish_gives_the_claim_back(broker: Broker, queue_name: str) -> None:
+    name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
+    failing = ticker(broker, clock, queue_name, name)
+    original = broker.publish_many
+
+    def refuse(queue: str, messages: Sequence[tuple[str, bytes]], *,
+               delay_s: float = 0.0) -> None:
+        raise BrokerUnavailable("the broker went away")
+
+    clock.at = T0 + 1.5
+    broker.publish_many = refuse  # type: ignore[method-assign]
+    with pytest.raises(BrokerUnavailable):
+        failing.run_due()
+    broker.publish_many = original  # type: ignore[method-assign]
+    assert name not in broker.last_ticks()  # the claim of T0 + 1 was given back
+    started_earlier = Clock(T0)
+    other = ticker(broker, started_earlier, queue_name, name)  # another manager
+    started_earlier.at = T0 + 2.5
+    other.run_due()
+    assert enqueued(broker, queue_name) == [ms(T0 + 1), ms(T0 + 2)]
+
+
+@pytest.mark.parametrize(("catch_up", "expected_missed"), [
+    ("skip", 0), ("latest", 1), (5, 5),
+])
+def test_ticks_missed_while_no_manager_ran(broker: Broker, queue_name: str,
+                                           catch_up: object, expected_missed: int) -> None:
+    name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
+    before = ticker(broker, clock, queue_name, name, catch_up=catch_up, missed_after=10)
+    clock.at = T0 + 1.5
+    before.run_due()  # T0 + 1 enqueued; then no manager for 100 s
+    clock.at = T0 + 101.5
+    ticker(broker, clock, queue_name, name, catch_up=catch_up, missed_after=10).run_due()
+    missed = [ms(T0 + s) for s in range(87, 92)][5 - expected_missed:] if expected_missed else []
+    on_time = [ms(T0 + s) for s in range(92, 102)]  # within missed_after (10 s) of now
+    assert enqueued(broker, queue_name) == [ms(T0 + 1), *missed, *on_time]
