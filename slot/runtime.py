@@ -111,6 +111,7 @@ class SlotRunner:
         """The take followed in TakeProgress (0: none)."""
         self._take_count = 0
         self._per_job = _runs_each_job(self.spec)
+        self._tell_broker_policy()
         self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL_S
 
     # --- lifecycle -----------------------------------------------------------
@@ -218,6 +219,15 @@ class SlotRunner:
         else:
             self.broker.settle(self.queue, settlement)
         return True
+
+    def _tell_broker_policy(self) -> None:
+        """What the broker must know of the queue's policy before declaring it (RabbitMQ:
+        ``queue_type``, and ``max_attempts`` for a quorum queue's delivery limit)."""
+        set_options = getattr(self.broker, "set_queue_options", None)
+        if set_options is not None:
+            policy = self.spec.policy
+            set_options(self.queue, queue_type=policy.queue_type,
+                        max_attempts=policy.max_attempts)
 
     def _follow(self, deliveries: list[Delivery]) -> HeldTake | None:
         """Start following a new take in the shared TakeProgress; what to tell the master
@@ -443,6 +453,7 @@ class SlotRunner:
                 self._leave(self.queue)  # and its read-ahead jobs go back, unstarted
                 self.spec = self.app.spec(command.queue)
                 self._per_job = _runs_each_job(self.spec)
+                self._tell_broker_policy()
                 self._retention = dead_retention(self.spec.policy)
                 logger.info("slot %s: switched to %s", self.slot_label, command.queue)
         if self.channel.closed:
@@ -480,12 +491,10 @@ TAKEN = "taken"
 
 def _runs_each_job(spec: QueueSpec) -> bool:
     """A sync per-job handler (``app.job_queue``): it runs the batch's jobs one by one
-    with ``for job in jobs``, so the slot can mark each as it starts."""
-    per_job = getattr(spec, "per_job", None)  # QueueSpec.per_job once app.py has it
-    if per_job is not None:
-        return bool(per_job) and not getattr(spec, "is_async", False)
-    return (not getattr(spec, "is_async", False)
-            and getattr(spec.handler, "__qualname__", "").endswith(".run_each"))
+    with ``for job in jobs``, so the slot can mark each as it starts. Not an async one:
+    its workers share one iterator and run several jobs at once, so taking the next job
+    says nothing about the last one (the whole batch counts as running)."""
+    return spec.per_job and not spec.is_async
 
 
 def _state_of(job: Job) -> int:
