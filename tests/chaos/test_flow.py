@@ -232,7 +232,11 @@ def test_l2_rebalancing_under_shifting_load(chaos: ChaosRun, max_slots: int) -> 
                           rate_jobs_s=rate, window_s=window_s, transition_ratios=ratios)
     assert result.lost == 0 and result.unexpected == 0 and result.dead == 0
     assert result.dup_exec == 0 and result.residue_total == 0, result
-    assert min(ratios) >= 0.7, f"throughput in transitions {ratios} (completed / arrived)"
+    # The row's threshold (70%) is a speed figure: make chaos asserts it. make test, where
+    # the machine may be saturated by other work, asserts only that the slots followed the
+    # work (a plan that did not move would complete ~0 of queue b's jobs in the window).
+    least = by_profile(0.5, 0.7)
+    assert min(ratios) >= least, f"throughput in transitions {ratios} (completed / arrived)"
 
 
 @pytest.mark.chaos
