@@ -46,6 +46,19 @@ class Client:
         self.max_message_bytes = max_message_bytes
         self.app = app
         self._warned: set[str] = set()
+        if app is not None:
+            self._declare_as_policies_say(app)
+
+    def _declare_as_policies_say(self, app: App) -> None:
+        """On RabbitMQ a queue's type is fixed by whoever declares it first, which may be
+        this producer: it declares the app's queues as their policies say (``queue_type``,
+        a quorum queue's delivery limit from ``max_attempts``). Other brokers have no such
+        option."""
+        tell = getattr(self.broker, "set_queue_options", None)
+        if tell is None:
+            return
+        for name, spec in app.queues.items():
+            tell(name, queue_type=spec.policy.queue_type, max_attempts=spec.policy.max_attempts)
 
     def enqueue(
         self, queue: str, payload: Any, *, delay: float = 0.0, headers: dict[str, str] | None = None
