@@ -24,12 +24,12 @@ from urllib.parse import parse_qsl, unquote
 
 import redis
 from redis._parsers.encoders import Encoder
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from qcluster.errors import ConfigError
 
@@ -116,7 +116,10 @@ def connect(parsed: HaUrl, client_options: dict[str, Any]) -> redis.Redis | Lazy
         sentinel_options = {key: value for key, value in client_options.items()
                             if key.startswith("socket_")}
         sentinel_options["password"] = parsed.sentinel_password
-        sentinel = Sentinel(list(parsed.hosts), sentinel_kwargs=sentinel_options)
+        # A Sentinel that does not answer is skipped for the next one, not retried: the
+        # master connection's own retries already ask them all again.
+        sentinel_options["retry"] = Retry(NoBackoff(), 0)
+        sentinel = _Sentinels(list(parsed.hosts), sentinel_kwargs=sentinel_options)
         # The pool asks the Sentinels for the master at each new connection, and drops
         # the connections to a master that was demoted (READONLY) or died: the retry that
         # follows connects to the new one.
@@ -128,6 +131,23 @@ def connect(parsed: HaUrl, client_options: dict[str, Any]) -> redis.Redis | Lazy
         startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],
         require_full_coverage=True, **credentials, **options,
     ))
+
+
+class _Sentinels(Sentinel):
+    """redis-py's Sentinel, with a one-line error when no Sentinel names a master (its
+    own message carries the repr of every Sentinel client: hundreds of characters)."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        try:
+            address: tuple[str, int] = super().discover_master(service_name)
+        except MasterNotFoundError as exc:
+            asked = ",".join(f"{_host_text(str(client.get_connection_kwargs()['host']))}:"
+                             f"{client.get_connection_kwargs()['port']}"
+                             for client in self.sentinels)
+            raise MasterNotFoundError(
+                f"no Sentinel of {asked} named a master for {service_name!r} (each was "
+                "down, did not answer, or does not monitor it)") from exc
+        return address
 
 
 class LazyCluster:

@@ -84,3 +84,13 @@ def test_a_cluster_down_at_start_is_unavailable_not_a_crash() -> None:
             broker.publish_many("q", [("a", b"{}")])
     finally:
         broker.close()
+
+
+def test_no_sentinel_answering_is_unavailable_in_one_short_line() -> None:
+    broker = open_broker(f"redis+sentinel://127.0.0.1:{free_port()}/svc")
+    try:
+        with pytest.raises(BrokerUnavailable, match=r"no Sentinel of 127\.0\.0\.1:") as refused:
+            broker.stats("q")
+    finally:
+        broker.close()
+    assert len(str(refused.value)) < 300 and "\n" not in str(refused.value)
