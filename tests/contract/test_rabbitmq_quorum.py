@@ -269,3 +269,32 @@ def test_slots_sigkilled_on_a_quorum_queue_lose_no_job_and_count_the_crash(
     assert all(a >= 2 for _, a in rerun), rerun
     assert max(Counter(a for _, a in others)) <= 3, Counter(a for _, a in others)
     client.close()
+
+
+def test_a_slot_declares_its_queue_as_its_policy_says(rabbitmq_url: str, queue_name: str) -> None:
+    """The policy keyword (no URL option): the slot tells its broker, which declares the
+    queue, its ladder and its store as quorum queues, the delivery limit from max_attempts."""
+    from qcluster.app import App
+    from qcluster.job import Job
+    from qcluster.slot.runtime import SlotRunner
+
+    app = App()
+    ran: list[object] = []
+
+    @app.queue(queue_name, queue_type="quorum", max_attempts=3)
+    def handle(jobs: list[Job]) -> None:
+        ran.extend(job.payload for job in jobs)
+
+    runner = SlotRunner(app, queue_name, open_broker(rabbitmq_url))
+    producer = Client(rabbitmq_url)  # no app: it uses the queue as it exists
+    try:
+        runner.step()  # declares the queue
+        producer.enqueue(queue_name, "x")
+        wait_until(lambda: runner.step() is not None and ran == ["x"], message="the job ran")
+        assert queue_types(queue_name)[queue_name] == "quorum"
+        assert f"x-delivery-limit\",{3 + DELIVERY_LIMIT_MARGIN}" in queue_arguments(
+            queue_name).replace(" ", "").replace("{", "").replace("}", "")
+    finally:
+        runner._flush()
+        runner.broker.close()
+        producer.close()
