@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from qcluster.broker import open_broker
+from qcluster.broker import Settlement, open_broker
 from qcluster.broker.redis_broker import RedisBroker
 from qcluster.errors import ConfigError
 from tests.brokers import BrokerUnavailable, PrivateRedisCluster, PrivateRedisSentinel
@@ -101,3 +101,29 @@ def test_every_master_of_a_cluster_is_checked_for_eviction(
         finally:
             server.config_set("maxmemory-policy", "noeviction")
             broker.close()
+
+
+@pytest.mark.parametrize("backend", HA_BACKENDS)
+def test_scripts_are_loaded_again_on_a_master_that_lost_them(
+    backend: str, request: pytest.FixtureRequest, queue_name: str
+) -> None:
+    """A promoted replica has no script cache (scripts replicate as their effects): the
+    first call of each script meets NOSCRIPT and loads it there, the caller sees nothing."""
+    server = request.getfixturevalue(f"redis_{backend}")
+    broker = open_broker(server.url)
+    try:
+        publish(broker, queue_name, 2)
+        ports = ([server.master_port()] if backend == "sentinel"
+                 else [node.port for node in server.nodes])
+        for port in ports:
+            with redis.Redis(port=port, socket_timeout=5) as client:
+                client.script_flush()
+        publish(broker, queue_name, 3)  # publish + WAIT (replicas=1)
+        taken = broker.take(queue_name, max_jobs=10, lock_timeout_s=30)
+        assert len(taken) == 5
+        broker.settle(queue_name, Settlement(ack=taken))
+        assert broker.stats(queue_name).model_dump() == {
+            "ready": 0, "locked": 0, "delayed": 0, "dead": 0}
+    finally:
+        broker.delete_queue(queue_name)  # type: ignore[attr-defined]
+        broker.close()

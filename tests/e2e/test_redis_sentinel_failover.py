@@ -149,3 +149,45 @@ def _cut_off(replica_port: int, master_port: int) -> None:
             master.client_kill_filter(_type="replica")
         wait_until(lambda: replica.info("replication").get("master_link_status") == "down",
                    interval_s=0.05, message="the replica's link down")
+
+
+@pytest.mark.slow  # ~20 s; the SIGKILL failover above is the core row
+def test_a_switchover_loses_no_acknowledged_publish(tmp_path: Path) -> None:
+    """``SENTINEL FAILOVER`` (maintenance: the master is alive and becomes a replica) while
+    a producer publishes one job at a time: the client follows the new master (the old
+    one answers READONLY, the connection is dropped and the retry asks the Sentinels), and
+    every publish that returned is in the queue afterwards. A publish the old master took
+    after its replica was promoted cannot be acknowledged: WAIT finds no replica."""
+    sentinel = PrivateRedisSentinel(tmp_path / "sentinel", down_after_ms=5000)
+    sentinel.start()
+    queue = "switchover"
+    broker = open_broker(f"{sentinel.url}?replica_timeout_ms=1000")
+    acknowledged: list[str] = []
+    refused = 0
+    try:
+        old_port = sentinel.master_port()
+        with redis.Redis(port=sentinel.sentinels[0].port, socket_timeout=5) as client:
+            client.execute_command("SENTINEL", "FAILOVER", sentinel.service)
+        after_switch = 0
+        deadline = time.monotonic() + 120
+        number = 0
+        while after_switch < 50 and time.monotonic() < deadline:
+            number += 1
+            try:
+                broker.publish_many(queue, [(f"job-{number}", b"{}")])
+                acknowledged.append(f"job-{number}")
+            except BrokerUnavailable:
+                refused += 1
+                time.sleep(0.05)
+            if _new_master(sentinel, old_port):
+                after_switch += 1
+        assert after_switch >= 50, "the Sentinels did not switch the master over"
+        wait_until(lambda: sentinel.replica_count() >= 1, message="the old master a replica")
+        taken: set[str] = set()
+        while batch := broker.take(queue, max_jobs=500, lock_timeout_s=60):
+            taken |= {delivery.id for delivery in batch}
+    finally:
+        broker.close()
+        sentinel.stop()
+    print(f"switchover: {len(acknowledged)} publishes acknowledged, {refused} refused")
+    assert set(acknowledged) <= taken, f"lost: {sorted(set(acknowledged) - taken)[:10]}"
