@@ -9,6 +9,7 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -179,3 +180,33 @@ def test_a_forked_child_makes_its_own_loop_and_never_runs_the_parents() -> None:
     with ThreadPoolExecutor(1) as pool:
         answer, status = pool.submit(parent_side).result()
     assert (answer, status) == (1, 0)
+
+
+def test_uvloop_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop is optional (not installed in this venv): a stand-in module with its one entry
+    point shows the slot asks for its loop when it can be imported."""
+    import sys
+    import types
+
+    from qcluster.slot import aio
+
+    made: list[asyncio.AbstractEventLoop] = []
+
+    def new_event_loop() -> asyncio.AbstractEventLoop:
+        made.append(asyncio.new_event_loop())
+        return made[-1]
+
+    monkeypatch.setitem(sys.modules, "uvloop", types.SimpleNamespace(new_event_loop=new_event_loop))
+    monkeypatch.setattr(aio, "_runner", None)
+    assert aio.loop_kind() == "uvloop"
+
+    def in_thread() -> int:
+        runner = aio.event_loop()
+        try:
+            return int(runner.run(asyncio.sleep(0, result=7)))
+        finally:
+            runner.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(in_thread).result() == 7
+    assert len(made) == 1
