@@ -57,11 +57,12 @@ def delivery_limit(max_attempts: int) -> int:
     qcluster adds those redeliveries to the job's attempts; the slot dead-letters the job
     (with its reason, kept for dead_max_age) at the first take where the count passes
     max_attempts, that is at the latest when the broker has counted max_attempts
-    redeliveries. RabbitMQ acts only when a return takes the count past the limit, so
-    a limit of max_attempts + 10 leaves qcluster the one that acts, with room for jobs that
-    were only read ahead (never run) by slots that died, which are charged a redelivery
-    too. A job past the limit goes to the queue's dead-letter store (``x-death`` names
-    ``delivery_limit``), never dropped while that store exists."""
+    redeliveries. RabbitMQ acts when a return brings the count to the limit (measured on
+    3.10: a limit of 11 gives the job out 11 times), so a limit of max_attempts + 10 leaves
+    qcluster the one that acts, with room for jobs that were only read ahead (never run)
+    by slots that died, which are charged a redelivery too. A job at the limit goes to the
+    queue's dead-letter store (``x-death`` names ``delivery_limit``), never dropped while
+    that store exists."""
     return max_attempts + DELIVERY_LIMIT_MARGIN
 
 

@@ -261,13 +261,16 @@ def test_slots_sigkilled_on_a_quorum_queue_lose_no_job_and_count_the_crash(
     runs = _ledger(tmp_path)
     # 0 lost: every acknowledged job ran; none was dead-lettered.
     assert {p for r in runs.values() for p, _ in r} == set(range(count))
-    # The crash is counted: a job the killed slot ran (never acked) ran again with at least
-    # one attempt more; no job was charged more than the one crash and one give-back.
+    # The crash is counted: the jobs the killed slot held (its running batch, its read-ahead)
+    # came back from RabbitMQ with x-delivery-count 1 and ran with attempts 2; a job it ran
+    # but never acked ran again with at least 2. One crash adds one attempt, never two.
     by_victim = {p for p, _ in runs[victim.pid]}
     others = [(p, a) for pid, r in runs.items() if pid != victim.pid for p, a in r]
-    rerun = [(p, a) for p, a in others if p in by_victim]
-    assert all(a >= 2 for _, a in rerun), rerun
-    assert max(Counter(a for _, a in others)) <= 3, Counter(a for _, a in others)
+    attempts = Counter(a for _, a in others)
+    print(f"attempts of the jobs the other slots ran: {dict(sorted(attempts.items()))}")
+    assert attempts[2] >= 1, f"the crash was not counted: {attempts}"
+    assert set(attempts) <= {1, 2}, f"a job was charged more than the one crash: {attempts}"
+    assert all(a >= 2 for p, a in others if p in by_victim)
     client.close()
 
 
@@ -298,3 +301,35 @@ def test_a_slot_declares_its_queue_as_its_policy_says(rabbitmq_url: str, queue_n
         runner._flush()
         runner.broker.close()
         producer.close()
+
+
+def test_past_the_delivery_limit_rabbitmq_moves_the_job_to_its_dead_letter_store(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    """The backstop, if ever reached (here by consumers that die without qcluster's check,
+    max_attempts 1: limit 11): the job is not dropped but dead-lettered, with a reason."""
+    url = quorum(rabbitmq_url)
+    setup = KombuBroker(url)
+    setup.set_queue_options(queue_name, queue_type="quorum", max_attempts=1)
+    setup.publish_many(queue_name, [("first", b"{}"), ("looping", b"{}")])
+    first = take_one(setup, queue_name)
+    setup.settle(queue_name, Settlement(dead=[(first, "bad")]))  # the store exists now
+    setup.close()
+    deliveries = 0
+    while deliveries < 20:
+        dying = KombuBroker(url)
+        got = dying.take(queue_name, max_jobs=1, lock_timeout_s=60, wait_s=3)
+        dying.close()  # unacked: RabbitMQ counts a redelivery
+        if not got:
+            break
+        deliveries += 1
+    broker = KombuBroker(url)
+    try:
+        assert deliveries == 11, "RabbitMQ gives the job out as many times as the limit"
+        wait_until(lambda: broker.stats(queue_name).dead == 2, message="2 dead letters")
+        reasons = {d.id: d.reason for d in broker.dead_jobs(queue_name)}
+        assert reasons == {"first": "bad",
+                           "looping": "dead-lettered by RabbitMQ: delivery_limit"}
+        assert broker.stats(queue_name).ready == 0
+    finally:
+        broker.close()
