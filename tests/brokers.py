@@ -335,12 +335,13 @@ class _Sentinel(PrivateRedis):
 
 @dataclass
 class PrivateRedisSentinel:
-    """One master, one replica and three Sentinels on free loopback ports (Debian's
+    """One master, ``replicas`` replicas and three Sentinels on free loopback ports (Debian's
     ``redis-server``; a Sentinel is ``redis-server --sentinel``), each with its own
     directory. Failover is quick for tests: a master silent for ``down_after_ms`` is down."""
 
     base_dir: Path
     service: str = "qcmaster"
+    replicas: int = 1
     down_after_ms: int = 1000
     failover_timeout_ms: int = 10000
     servers: list[_ConfiguredRedis] = field(default_factory=list, repr=False)
@@ -361,10 +362,11 @@ class PrivateRedisSentinel:
         master = _ConfiguredRedis(self.base_dir / "server-0", [])
         master.start()
         self.servers.append(master)
-        replica = _ConfiguredRedis(self.base_dir / "server-1",
-                                   ["--replicaof", "127.0.0.1", str(master.port)])
-        replica.start()
-        self.servers.append(replica)
+        for number in range(1, self.replicas + 1):
+            replica = _ConfiguredRedis(self.base_dir / f"server-{number}",
+                                       ["--replicaof", "127.0.0.1", str(master.port)])
+            replica.start()
+            self.servers.append(replica)
         monitor = "\n".join([
             f"sentinel monitor {self.service} 127.0.0.1 {master.port} 2",
             f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
@@ -416,10 +418,11 @@ class PrivateRedisSentinel:
                         state = (f"sentinel {sentinel.port}: {master.get('num-other-sentinels')}"
                                  f" other sentinels, {master.get('num-slaves')} replicas")
                         settled &= (int(master.get("num-other-sentinels", 0)) >= 2
-                                    and int(master.get("num-slaves", 0)) >= 1)
-                with redis.Redis(port=self.servers[1].port, socket_timeout=5) as client:
-                    link = client.info("replication").get("master_link_status")
-                    settled &= link == "up"
+                                    and int(master.get("num-slaves", 0)) >= self.replicas)
+                for replica in self.servers[1:]:
+                    with redis.Redis(port=replica.port, socket_timeout=5) as client:
+                        link = client.info("replication").get("master_link_status")
+                        settled &= link == "up"
                 if settled:
                     return ""
             except redis.RedisError as error:

@@ -46,8 +46,14 @@ def _new_master(sentinel: PrivateRedisSentinel, old_port: int) -> bool:
         return False
 
 
-def test_sentinel_failover_under_load_loses_no_acknowledged_job(tmp_path: Path) -> None:
-    sentinel = PrivateRedisSentinel(tmp_path / "sentinel")
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_sentinel_failover_under_load_loses_no_acknowledged_job(
+    replicas: int, tmp_path: Path
+) -> None:
+    """With one replica the killed master is restarted (publishes wait for it: WAIT 1 has
+    no other replica); with two, nothing is restarted: the Sentinels point the second
+    replica at the new master and publishes go on once it has synced."""
+    sentinel = PrivateRedisSentinel(tmp_path / "sentinel", replicas=replicas)
     sentinel.start()
     seed = new_seed()
     run = chaos_run("redis-sentinel", sentinel.url, seed, tmp_path / "run")
@@ -70,16 +76,17 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_job(tmp_path: Path) 
         failover_s = time.monotonic() - killed_m
         wait_progress(run, done_before, "jobs completing on the new master")
         resumed_s = time.monotonic() - killed_m
-        old.restart()  # Sentinel turns it into a replica of the new master
+        if replicas == 1:
+            old.restart()  # Sentinel turns it into a replica of the new master
         wait_until(lambda: sentinel.replica_count() >= 1, interval_s=0.1,
-                   message="the old master back as a replica")
+                   message="a replica for the new master")
         quiet_since: list[float] = []
         wait_until(partial(_no_enqueue_error_for, feeder, 2.0, quiet_since), interval_s=0,
                    message="enqueues succeeding again")
         publishing_s = quiet_since[-1] - killed_m
         feeder.stop()
         run.wait_drained([queue])
-        result = run.finish("S1", [queue], faults=1, backlog_at_kill=seen[-1],
+        result = run.finish(f"S1-{replicas}r", [queue], faults=1, backlog_at_kill=seen[-1],
                             failover_s=round(failover_s, 1), slots_resumed_s=round(resumed_s, 1),
                             publishing_again_s=round(publishing_s, 1))
     finally:
@@ -87,9 +94,9 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_job(tmp_path: Path) 
             feeder.halt()
         close_run(run)
         sentinel.stop()
-    print(f"sentinel failover: promoted after {failover_s:.1f} s, jobs completing again after "
-          f"{resumed_s:.1f} s, enqueues accepted again after {publishing_s:.1f} s "
-          f"(old master restarted as replica); {result.line()}")
+    print(f"sentinel failover, {replicas} replica(s): promoted after {failover_s:.1f} s, jobs "
+          f"completing again after {resumed_s:.1f} s, enqueues accepted again after "
+          f"{publishing_s:.1f} s; {result.line()}")
     assert seen[-1] >= 1, "no acknowledged job waited in Redis at the kill"
     assert result.lost == 0, f"{result.lost} acknowledged jobs lost in the failover"
     assert result.unexpected == 0
