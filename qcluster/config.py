@@ -12,9 +12,16 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,6 +35,8 @@ from qcluster.policy import QueuePolicy
 from qcluster.security import check_token_strength
 
 DEFAULT_CONFIG_FILE = "qcluster.toml"
+#: RabbitMQ URL schemes (qcluster.broker.KOMBU_SCHEMES; not imported: config loads no broker).
+AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
 
 
 class MasterSettings(BaseModel):
@@ -81,6 +90,9 @@ class Settings(BaseSettings):
 
     broker_url: str | None = None
     """Broker URL(s); several RabbitMQ URLs separated by ';' fail over. None: embedded."""
+    queue_type: Literal["classic", "quorum"] | None = None
+    """RabbitMQ: the type of every queue (a queue's policy ``queue_type`` wins); added to an
+    ``amqp://`` broker_url as ``?queue_type=`` unless the URL has one. Ignored by Redis."""
     app: str | None = None
     """Application module (``MODULE`` or ``MODULE:ATTR``)."""
     state_dir: Path = Path(".qcluster")
@@ -104,6 +116,17 @@ class Settings(BaseSettings):
     are known too, at the manager's start (qcluster.manager.periodic.configured_jobs)."""
     master: MasterSettings = Field(default_factory=lambda: MasterSettings.model_validate({}))
     manager: ManagerSettings = Field(default_factory=lambda: ManagerSettings.model_validate({}))
+
+    @model_validator(mode="after")
+    def _queue_type_in_the_url(self) -> Settings:
+        """Every process gets the broker through its URL: the global queue type rides in it."""
+        url = self.broker_url
+        if (self.queue_type and url and url.strip().startswith(AMQP_SCHEMES)
+                and "queue_type=" not in url):
+            self.broker_url = ";".join(
+                f"{one}{'&' if '?' in one else '?'}queue_type={self.queue_type}"
+                for one in url.split(";"))
+        return self
 
     @field_validator("tokens")
     @classmethod

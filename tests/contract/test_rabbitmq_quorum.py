@@ -333,3 +333,19 @@ def test_past_the_delivery_limit_rabbitmq_moves_the_job_to_its_dead_letter_store
         assert broker.stats(queue_name).ready == 0
     finally:
         broker.close()
+
+
+def test_queue_type_in_the_configuration_rides_in_every_rabbitmq_url(tmp_path: Path) -> None:
+    from qcluster.config import load_settings
+    from qcluster.errors import ConfigError
+
+    config = tmp_path / "qcluster.toml"
+    config.write_text('broker_url = "amqp://h//?heartbeat=5;amqp://g//"\nqueue_type = "quorum"\n')
+    assert load_settings(config).broker_url == (
+        "amqp://h//?heartbeat=5&queue_type=quorum;amqp://g//?queue_type=quorum")
+    assert load_settings(config, broker_url="amqp://x//?queue_type=classic").broker_url == (
+        "amqp://x//?queue_type=classic"), "a URL's own option wins"
+    assert load_settings(config, broker_url="redis://h/0").broker_url == "redis://h/0"
+    config.write_text('queue_type = "stream"\n')
+    with pytest.raises(ConfigError, match="queue_type: Input should be 'classic' or 'quorum'"):
+        load_settings(config)
