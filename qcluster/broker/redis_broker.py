@@ -196,14 +196,41 @@ class RedisBroker(Broker):
                 f"Redis at {self.safe_url} publishes without waiting for a replica "
                 "(replicas=0): a failover can lose the jobs published just before it."
             )
+        if self.replicas:
+            try:
+                with self._errors():
+                    notes += self._short_of_replicas()
+            except BrokerUnavailable:
+                raise
+            except BrokerError:
+                pass  # INFO not allowed (managed Redis): the publish's error will say it
+        return notes
+
+    def _masters(self) -> list[redis.Redis]:
+        """Our server, or every master of a Cluster (each its own client)."""
+        if not self.cluster:
+            return [self.client]
+        return [node.redis_connection for node in cast(Any, self.client).get_primaries()]
+
+    def _short_of_replicas(self) -> list[str]:
+        """A note per master with fewer connected replicas than a publish waits for."""
+        notes = []
+        for server in self._masters():
+            info = server.info("replication")
+            connected = int(info.get("connected_slaves", 0))
+            if connected < self.replicas:
+                options = server.get_connection_kwargs()
+                where = (f"{options.get('host')}:{options.get('port')}" if self.cluster
+                         else "the master")
+                notes.append(
+                    f"Redis at {self.safe_url}: {where} has {connected} replica(s) connected, "
+                    f"fewer than replicas={self.replicas}: publishes fail until one is.")
         return notes
 
     def _server_configs(self, names: Sequence[str]) -> list[dict[str, str]]:
         """``CONFIG GET`` of each name on our server, or on every master of a Cluster."""
-        servers = ([node.redis_connection for node in cast(Any, self.client).get_primaries()]
-                   if self.cluster else [self.client])
         configs = []
-        for server in servers:
+        for server in self._masters():
             config: dict[str, str] = {}
             for name in names:
                 reply = server.config_get(name)

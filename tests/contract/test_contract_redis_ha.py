@@ -127,3 +127,23 @@ def test_scripts_are_loaded_again_on_a_master_that_lost_them(
     finally:
         broker.delete_queue(queue_name)  # type: ignore[attr-defined]
         broker.close()
+
+
+@pytest.mark.parametrize("backend", HA_BACKENDS)
+def test_a_master_with_fewer_replicas_than_publishes_wait_for_is_noted(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The harnesses have one replica per master: ``replicas=2`` would make every publish
+    fail, which the durability notes (logged at connect, shown by ``qcluster stats``) say
+    before the first one does."""
+    server = request.getfixturevalue(f"redis_{backend}")
+    enough, short = open_broker(server.url), open_broker(f"{server.url}?replicas=2")
+    try:
+        assert not [note for note in enough.durability() if "replica(s) connected" in note]
+        notes = [note for note in short.durability() if "replica(s) connected" in note]
+    finally:
+        enough.close()
+        short.close()
+    masters = 1 if backend == "sentinel" else server.masters
+    assert len(notes) == masters, notes
+    assert all("1 replica(s) connected, fewer than replicas=2" in note for note in notes)
