@@ -349,3 +349,25 @@ def test_queue_type_in_the_configuration_rides_in_every_rabbitmq_url(tmp_path: P
     config.write_text('queue_type = "stream"\n')
     with pytest.raises(ConfigError, match="queue_type: Input should be 'classic' or 'quorum'"):
         load_settings(config)
+
+
+def test_a_producer_given_the_app_declares_the_queue_as_its_policy_says(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    """Producers usually start first: with its app, the producer creates the queue as a
+    quorum queue (no URL option), with the delivery limit from max_attempts."""
+    from qcluster.app import App
+    from qcluster.job import Job
+
+    app = App()
+
+    @app.queue(queue_name, queue_type="quorum", max_attempts=4)
+    def handle(jobs: list[Job]) -> None:
+        pass
+
+    with Client(rabbitmq_url, app=app) as producer:
+        producer.enqueue(queue_name, "x")
+        assert queue_types(queue_name)[queue_name] == "quorum"
+        assert f"x-delivery-limit\",{4 + DELIVERY_LIMIT_MARGIN}" in queue_arguments(
+            queue_name).replace(" ", "").replace("{", "").replace("}", "")
+        assert producer.stats(queue_name)["ready"] == 1
