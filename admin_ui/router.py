@@ -19,8 +19,14 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from qcluster.admin_ui.display import load_bar_percent, load_text
-from qcluster.admin_ui.source import ClusterSource, ControlSource, PeriodicSource
+from qcluster.admin_ui.source import (
+    BrokerNodesSource,
+    ClusterSource,
+    ControlSource,
+    PeriodicSource,
+)
 from qcluster.admin_ui.views import age, history_charts, mib, sort_queues
+from qcluster.broker.health import BrokerHealth
 from qcluster.controls import Control
 from qcluster.errors import InvalidQueueName
 from qcluster.names import check_queue_name
@@ -52,7 +58,7 @@ def build_router(source: ClusterSource) -> APIRouter:
         return templates.TemplateResponse(request, "index.html", _context(
             request, view=view, queues=queues, queue_names=queue_names, sort=sort, dir=dir,
             now=view.generated_at or time.time(), controls=controls,
-            periodic=_periodic_jobs(source),
+            periodic=_periodic_jobs(source), broker=_broker_nodes(source),
             paused_by={c.name: c for c in controls if c.kind == "pause"},
             drained_by={c.name: c for c in controls if c.kind == "drain"},
         ))
@@ -70,6 +76,7 @@ def build_router(source: ClusterSource) -> APIRouter:
             paused=next((c for c in _controls(source)
                          if c.kind == "pause" and c.name == name), None),
             decisions=[d for d in view.decisions if d.queue == name][:20],
+            broker=_broker_nodes(source),
         ))
 
     @router.post("/queues/{name}/requeue", response_class=HTMLResponse)
@@ -99,6 +106,10 @@ def _controls(source: ClusterSource) -> list[Control]:
 
 def _periodic_jobs(source: ClusterSource) -> list[PeriodicJobView]:
     return source.periodic_jobs() if isinstance(source, PeriodicSource) else []
+
+
+def _broker_nodes(source: ClusterSource) -> BrokerHealth | None:
+    return source.broker_nodes() if isinstance(source, BrokerNodesSource) else None
 
 
 def _utc(at: float) -> str:

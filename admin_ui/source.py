@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from qcluster.broker.base import DeadJob
+from qcluster.broker.health import BrokerHealth
 from qcluster.controls import Control
 from qcluster.messages import ClusterView, HistoryPoint
 from qcluster.periodic import PeriodicJobView
@@ -55,4 +56,14 @@ class PeriodicSource(Protocol):
 
     def periodic_jobs(self) -> list[PeriodicJobView]:
         """Each periodic job with its last enqueued tick and its next one."""
+        ...
+
+
+@runtime_checkable
+class BrokerNodesSource(Protocol):
+    """A source that reads its broker's per-node health (the manager does; a fake may
+    not, and then the overview has no broker table)."""
+
+    def broker_nodes(self) -> BrokerHealth | None:
+        """The broker's nodes and each queue's node, as last read (None: not read yet)."""
         ...

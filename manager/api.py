@@ -79,8 +79,13 @@ def create_app(service: ManagerService, *, loopback: bool = True,
 
     @app.get("/api/v1/cluster", tags=["cluster"])
     def cluster() -> JSONResponse:
-        """Queues, hosts, slot map and decisions (newest first)."""
-        return JSONResponse(service.cluster_view().model_dump(by_alias=True, mode="json"))
+        """Queues, hosts, slot map and decisions (newest first); ``broker``: the broker's
+        nodes (address, role, ok or the error, a Cluster master's hash slots) and the node
+        serving each queue, as the last broker check read them (null before the first)."""
+        body = service.cluster_view().model_dump(by_alias=True, mode="json")
+        nodes = service.broker_nodes()
+        body["broker"] = nodes.model_dump(mode="json") if nodes is not None else None
+        return JSONResponse(body)
 
     @app.get("/api/v1/queues/{queue}/history", tags=["cluster"])
     def history(queue: NamePath) -> list[HistoryPoint]:

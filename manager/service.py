@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from qcluster.broker.base import Broker, DeadJob, QueueStats
+from qcluster.broker.health import BrokerHealth, read_health
 from qcluster.controls import UNNAMED_TOKEN, Control, ControlKind
 from qcluster.errors import BrokerError, ConfigError
 from qcluster.manager.controls import ControlStore
@@ -72,6 +73,10 @@ class ManagerService:
         """The broker's queues at the last check (see watch_undeclared)."""
         self.broker_problem: str | None = None
         """Why the loop's last broker read failed; None once one succeeds (/healthz)."""
+        self.broker_health: BrokerHealth | None = None
+        """Per-node broker health (qcluster.broker.health), read at each broker check and
+        every round while broker reads fail (and once after they recover)."""
+        self._health_stale = False
         self._thread: threading.Thread | None = None
         self.periodic: PeriodicTicker | None = ticker_for(state.settings, broker,
                                                           self.broker_lock, clock)
@@ -178,6 +183,10 @@ class ManagerService:
         """The periodic jobs with their last and next run (the admin page)."""
         return self.periodic.views() if self.periodic is not None else []
 
+    def broker_nodes(self) -> BrokerHealth | None:
+        """The broker's nodes and each queue's node, as last read (None: not read yet)."""
+        return self.broker_health
+
     def health(self) -> dict[str, str]:
         """``ok``, or ``degraded`` with the reason while the loop's last broker read failed
         (the manager still answers masters: they keep their rows)."""
@@ -202,6 +211,8 @@ class ManagerService:
             self.check_broker()
         else:
             self.watch_undeclared()
+            if self.broker_problem is not None or self._health_stale:
+                self.read_broker_health()  # a node down or failing over: follow it
         with self.lock:
             self.state.set_stats(stats)
             self.state.prune(now)
@@ -270,6 +281,19 @@ class ManagerService:
         self._warn_undeclared(undeclared)
         with self.lock:
             self.state.set_broker_warnings(undeclared=undeclared, durability=durability)
+        self.read_broker_health()
+
+    def read_broker_health(self) -> None:
+        """Read each broker node's health and the node of each declared queue (one
+        CLUSTER NODES and a PING per node on a Redis Cluster: see qcluster.broker.health)."""
+        self._health_stale = self.broker_problem is not None
+        with self.lock:
+            declared = list(self.state.policies(self.clock()))
+        try:
+            with self.broker_lock:
+                self.broker_health = read_health(self.broker, declared, self.clock)
+        except Exception:  # the page's table must not stop a round
+            logger.exception("reading the broker's node health failed")
 
     def watch_undeclared(self) -> None:
         """Every round between two broker checks (B3): a queue the broker did not list
