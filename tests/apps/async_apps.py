@@ -47,3 +47,13 @@ async def hang(jobs: list[Job]) -> None:
     if any(job.payload["n"] == 0 and job.attempts == 1 for job in jobs):
         await asyncio.Event().wait()
     _append("executed", "".join(f"{job.payload['n']}\n" for job in jobs))
+
+
+@app.job_queue(f"{PREFIX}-slow", batch_size=10, batch_timeout=60.0)
+async def slow(job: Job) -> None:
+    """Records its start, awaits until the test creates the gate file, records its end: a
+    stop signal sent before the gate opens arrives mid-await."""
+    _append("started", f"{job.payload['n']}\n")
+    while not os.path.exists(f"{LOG_DIR}/gate"):
+        await asyncio.sleep(0.05)
+    _append("executed", f"{job.payload['n']}\n")

@@ -4,6 +4,8 @@ forever is cancelled at its deadline with nothing lost."""
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from qcluster.client import Client
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, start_qcluster, wait_until
 from tests.e2e.cluster import Procs, executed, get_json
 
 APP = "tests.apps.async_apps"
@@ -66,3 +68,35 @@ def test_async_slots_run_every_job_once_concurrently_and_survive_a_hung_batch(
         assert max(peaks) == CONCURRENCY, f"in-flight peak {max(peaks)}"
         client.purge(each)
         client.purge(hang)
+
+
+def test_sigterm_during_an_async_batch_lets_it_finish_and_settle(
+    tmp_path: Path, redis_url: str, prefix: str
+) -> None:
+    """The stop signal lands while the loop waits in its selector (every job awaits a gate
+    the test opens after the signal): the batch still runs to its end, every job is acked
+    once, and the slot exits 0."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    queue = f"{prefix}-slow"
+    with Client(redis_url) as client:
+        client.enqueue_many(queue, [{"n": n} for n in range(10)])
+        proc = start_qcluster("slot", "--app", APP, "--queue", queue, "--broker", redis_url,
+                              "--log-level", "WARNING", QC_TEST_PREFIX=prefix,
+                              QC_TEST_LOG_DIR=str(logs))
+        try:
+            wait_until(lambda: len(_numbers(logs, "started")) == 10, timeout_s=30,
+                       message="the batch of 10 started")
+            os.killpg(proc.pid, signal.SIGTERM)  # every job awaits the gate: mid-batch
+            (logs / "gate").touch()
+            assert proc.wait(timeout=60) == 0, proc.stdout.read() if proc.stdout else ""
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert sorted(_numbers(logs, "executed")) == list(range(10))
+        assert client.stats(queue) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 0}
+
+
+def _numbers(logs: Path, kind: str) -> list[int]:
+    return [int(v) for p in logs.glob(f"{kind}-*.log") for v in p.read_text().split()]
