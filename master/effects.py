@@ -23,7 +23,7 @@ from typing import Any
 from qcluster import exitcodes
 from qcluster.channel import Channel, slot_channel_pair
 from qcluster.errors import AppImportError, BrokerError, ConfigError, HandlerNotFound
-from qcluster.messages import MasterToSlot, SlotToMaster
+from qcluster.messages import GiveBack, MasterToSlot, SlotToMaster
 
 logger = logging.getLogger(__name__)
 
@@ -118,14 +118,18 @@ class ProcessEffects:
         channel = self._channels.get(pid)
         return channel.send(message) if channel is not None else False
 
-    def progress(self, pid: int) -> tuple[int, bytes]:
-        """The slot's shared TakeProgress: (take number, state bytes); (0, b"") when it
-        has none. Read after the slot ended, before :meth:`forget`."""
+    def last_take(self, pid: int) -> GiveBack | None:
+        """The take the slot's shared TakeProgress followed, each job with its state (None:
+        none). Read after the slot ended, before :meth:`forget`."""
         channel = self._channels.get(pid)
         progress = channel.progress if channel is not None else None
         if progress is None:
-            return 0, b""
-        return progress.seq, bytes(progress.states)
+            return None
+        try:
+            return progress.read()
+        except ValueError as exc:  # a slot that died mid-write cannot leave garbage here
+            logger.warning("slot pid %d: unreadable take progress: %s", pid, exc)
+            return None
 
     def forget(self, pid: int) -> None:
         channel = self._channels.pop(pid, None)

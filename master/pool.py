@@ -7,6 +7,7 @@ effect on a process; restarts and job counters go to :class:`MasterCounters`.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
@@ -27,9 +28,9 @@ from qcluster.master.slots import (
 )
 from qcluster.messages import BatchDone, GiveBack, SlotHello, StopSlot, SwitchQueue
 
-#: Give-backs kept while no live slot can take them (older ones are dropped: their jobs
-#: come back when their locks expire, as without a master).
-MAX_PENDING_GIVE_BACKS = 64
+#: Give-back parts kept while no live slot can take them (older ones are dropped: their
+#: jobs come back when their locks expire, as without a master).
+MAX_PENDING_GIVE_BACKS = 256
 #: Which live slot settles a dead one's jobs first (an idle one answers soonest).
 _GIVE_BACK_ORDER = {"idle": 0, "busy": 1, "starting": 2}
 
@@ -112,7 +113,7 @@ class SlotPool:
         slot = self.slot_of(pid)
         if slot is None:
             return
-        self.receive(pid, now)  # its last packets: the take its first batch announced
+        self.receive(pid, now)  # its last packets (counters of its last batches)
         del self.slots[slot.slot_no]
         reason = decode_exit(slot, code, master_stopping=master_stopping)
         self._keep_give_back(slot, reason, pid)
@@ -138,11 +139,11 @@ class SlotPool:
 
     def _keep_give_back(self, slot: SlotRecord, reason: RestartReason | None,
                         pid: int) -> None:
-        """A slot that died holding a take: keep what to settle for it."""
-        seq, states = self.effects.progress(pid)
-        order = give_back(slot, reason, seq, states)
+        """A slot that died holding a take: keep what to settle for it, in parts that fit
+        one packet each."""
+        order = give_back(reason, self.effects.last_take(pid))
         if order is not None:
-            self.give_backs = [*self.give_backs, order][-MAX_PENDING_GIVE_BACKS:]
+            self.give_backs = [*self.give_backs, *_in_packets(order)][-MAX_PENDING_GIVE_BACKS:]
 
     def hand_over_give_backs(self) -> None:
         """Send each waiting give-back to a live slot (idle first), which settles it on
@@ -169,3 +170,23 @@ class SlotPool:
                 break  # no child left to wait for
             for pid, code in ended:
                 self.ended(pid, code, now, master_stopping=True)
+
+
+#: What one GiveBack part may carry: its ids plus 48 bytes a job stay under this
+#: (channel.MAX_PACKET_BYTES is 64 KiB; a bigger packet would not be sent).
+GIVE_BACK_PART_BYTES = 48 * 1024
+
+
+def _in_packets(order: GiveBack) -> list[GiveBack]:
+    parts: list[GiveBack] = []
+    jobs: list[tuple[str, int, float, int]] = []
+    size = 0
+    for job in order.jobs:
+        cost = len(json.dumps(job[0])) + 48  # as JSON escapes it, at most
+        if jobs and size + cost > GIVE_BACK_PART_BYTES:
+            parts.append(order.model_copy(update={"jobs": jobs}))
+            jobs, size = [], 0
+        jobs.append(job)
+        size += cost
+    parts.append(order.model_copy(update={"jobs": jobs}))
+    return parts

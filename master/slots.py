@@ -24,7 +24,6 @@ from qcluster.messages import (
     BatchStarted,
     GiveBack,
     Heartbeat,
-    HeldTake,
     Recycling,
     SlotHello,
     SlotInfo,
@@ -66,8 +65,6 @@ class SlotRecord:
     pss_bytes: int = 0
     private_dirty_bytes: int = 0
     kill_reason: KillReason | None = None
-    held: HeldTake | None = None
-    """The slot's last take as it said with its first batch (see messages.HeldTake)."""
 
     @property
     def stopping(self) -> bool:
@@ -91,8 +88,6 @@ def on_message(slot: SlotRecord, message: SlotToMaster, now: float) -> BatchCoun
         if not slot.stopping:
             slot.move("busy", "batch started")
         slot.deadline = message.deadline_mono
-        if message.take is not None:
-            slot.held = message.take
     elif isinstance(message, BatchDone):
         if not slot.stopping:
             slot.move("idle", "batch done")
@@ -181,14 +176,8 @@ class RestartBackoff:
 DIED = frozenset({"crash", "hung", "memory"})
 
 
-def give_back(slot: SlotRecord, reason: RestartReason | None, progress_seq: int,
-              states: bytes) -> GiveBack | None:
-    """What to settle for a slot that ended: its last take, each job by its state in the
-    slot's TakeProgress, when it died (``reason``) while holding that take (the shared
-    take number ``progress_seq`` is the one its first batch announced)."""
-    held = slot.held
-    if reason not in DIED or held is None or progress_seq != held.seq:
-        return None
-    jobs = [(job_id, attempts, activate_at, states[n])
-            for n, (job_id, attempts, activate_at) in enumerate(held.jobs)]
-    return GiveBack(queue=held.queue, receipt=held.receipt, jobs=jobs)
+def give_back(reason: RestartReason | None, taken: GiveBack | None) -> GiveBack | None:
+    """What to settle for a slot that ended: the take its TakeProgress followed
+    (``taken``), when the slot died (``reason``) rather than exited on its own (then it
+    settled its take itself)."""
+    return taken if reason in DIED else None

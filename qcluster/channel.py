@@ -10,13 +10,17 @@ from __future__ import annotations
 import mmap
 import socket
 import struct
+from array import array
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from qcluster.job import Delivery
 from qcluster.messages import (
     MASTER_TO_SLOT,
     SLOT_TO_MASTER,
+    GiveBack,
     MasterToSlot,
     Progress,
     SlotToMaster,
@@ -28,41 +32,75 @@ In = TypeVar("In")
 
 
 class TakeProgress(Progress):
-    """How far a slot got through its current take, in memory shared with its master.
+    """A slot's current take and how far it got, in memory shared with its master.
 
-    The slot writes (no syscall: a store per job); the master reads it only after the
-    slot died, to give each held job back by its state (see messages.HeldTake/GiveBack):
-    UNSTARTED jobs without charging an attempt, the RUNNING one counted and suspect,
-    DONE ones acked, RAN (retry or error outcome) and FAILED ones counted.
+    At each take the slot writes what the take holds (ids, attempts, activation times,
+    the lock token, the queue) and then one state byte per job as it runs them: stores
+    into shared pages, no syscall, nothing sent. The master reads it only after the slot
+    died (:meth:`read`), to have each held job given back by its state (messages.GiveBack):
+    UNSTARTED ones without charging an attempt, the RUNNING one counted and suspect, DONE
+    ones acked, RAN (retry or error outcome) and FAILED ones as their outcome said.
     """
 
-    #: Jobs of one take it can follow; a bigger take is not followed (seq 0).
+    #: Jobs of one take it can follow, and the bytes of their ids (newline-joined); a
+    #: bigger take is not followed (its jobs come back when their locks expire).
     CAPACITY = 4096
-    _HEADER = 8
+    IDS_BYTES = 256 * 1024
+    _HEAD = struct.Struct("<QIIqH")  # seq, jobs, ids bytes, receipt, queue bytes
+    _QUEUE_AT, _QUEUE_BYTES = 32, 256
+    _STATES_AT = _QUEUE_AT + _QUEUE_BYTES
+    _ATTEMPTS_AT = _STATES_AT + CAPACITY
+    _ACTIVATE_AT = _ATTEMPTS_AT + 4 * CAPACITY
+    _IDS_AT = _ACTIVATE_AT + 8 * CAPACITY
 
     def __init__(self) -> None:
-        # Anonymous and shared: created before fork, both processes see the same pages.
-        self._map = mmap.mmap(-1, self._HEADER + self.CAPACITY)
-        self.states = memoryview(self._map)[self._HEADER:]
+        # Anonymous and shared: created before fork, both processes see the same pages
+        # (only the pages a take touches become resident).
+        self._map = mmap.mmap(-1, self._IDS_AT + self.IDS_BYTES)
+        view = memoryview(self._map)
+        self.states = view[self._STATES_AT : self._ATTEMPTS_AT]
         """One state byte per job of the take, by its index in the take."""
+        self._attempts = view[self._ATTEMPTS_AT : self._ACTIVATE_AT].cast("i")
+        self._activate = view[self._ACTIVATE_AT : self._IDS_AT].cast("d")
 
     @property
     def seq(self) -> int:
         """The current take's number; 0: no take followed."""
         return int(struct.unpack_from("<Q", self._map, 0)[0])
 
-    def begin(self, seq: int, jobs: int) -> bool:
-        """A new take of ``jobs`` jobs, all UNSTARTED; False (nothing followed) when it is
-        bigger than CAPACITY."""
-        struct.pack_into("<Q", self._map, 0, 0)  # never a new number with old states
-        if jobs > self.CAPACITY:
+    def begin(self, seq: int, queue: str, receipt: int, deliveries: Sequence[Delivery]) -> bool:
+        """Follow a new take, every job UNSTARTED; False (nothing followed) when it does
+        not fit or a master could not settle it (an id with a newline)."""
+        struct.pack_into("<Q", self._map, 0, 0)  # never a new number with old contents
+        jobs = len(deliveries)
+        ids = "\n".join([d.id for d in deliveries]).encode("utf-8", "surrogateescape")
+        name = queue.encode()
+        if (jobs > self.CAPACITY or len(ids) > self.IDS_BYTES or len(name) > self._QUEUE_BYTES
+                or ids.count(b"\n") != jobs - 1 or not -(1 << 63) <= receipt < 1 << 63):
             return False
+        self._map[self._IDS_AT : self._IDS_AT + len(ids)] = ids
+        self._map[self._QUEUE_AT : self._QUEUE_AT + len(name)] = name
+        self._attempts[:jobs] = array("i", [d.attempts for d in deliveries])
+        self._activate[:jobs] = array("d", [d.activate_at for d in deliveries])
         self.states[:jobs] = bytes(jobs)
+        self._HEAD.pack_into(self._map, 0, 0, jobs, len(ids), receipt, len(name))
         struct.pack_into("<Q", self._map, 0, seq)
         return True
 
     def clear(self) -> None:
         struct.pack_into("<Q", self._map, 0, 0)
+
+    def read(self) -> GiveBack | None:
+        """The followed take, each job with its state (None: none followed)."""
+        seq, jobs, ids_bytes, receipt, name_bytes = self._HEAD.unpack_from(self._map, 0)
+        if not seq or not jobs:
+            return None
+        ids = self._map[self._IDS_AT : self._IDS_AT + ids_bytes].decode(
+            "utf-8", "surrogateescape").split("\n")
+        queue = self._map[self._QUEUE_AT : self._QUEUE_AT + name_bytes].decode()
+        return GiveBack(queue=queue, receipt=receipt, jobs=[
+            (ids[n], self._attempts[n], self._activate[n], self.states[n])
+            for n in range(jobs)])
 
 
 class Channel(Generic[In]):

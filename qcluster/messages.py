@@ -67,32 +67,12 @@ class Progress:
     UNSTARTED, RUNNING, DONE, RAN, FAILED = 0, 1, 2, 3, 4
 
 
-HeldJob = tuple[str, int, float]
-"""A taken job as its slot holds it: (id, attempts including this take, activate_at)."""
-
-
-class HeldTake(_Msg):
-    """The jobs of a slot's current take, sent with the take's first BatchStarted when
-    the broker lets another process settle them (``Broker.settles_for_others``): if the
-    slot dies, its master has them given back at once, each by how far it got (the
-    slot's :class:`~qcluster.channel.TakeProgress`)."""
-
-    seq: int
-    """The take's number, as in the slot's TakeProgress (an older take is not acted on)."""
-    queue: str
-    receipt: int
-    """The take's lock token (Redis: the lock's expiry, server ms)."""
-    jobs: list[HeldJob]
-
-
 class BatchStarted(_Msg):
     kind: Literal["batch_started"] = "batch_started"
     queue: str
     size: int
     deadline_mono: float
     """time.monotonic() (system-wide on Linux) after which the master kills the slot."""
-    take: HeldTake | None = None
-    """With a take's first batch: what it holds (see HeldTake)."""
 
 
 class BatchCounters(_Msg):
@@ -153,8 +133,9 @@ class StopSlot(_Msg):
 
 
 class GiveBack(_Msg):
-    """Settle the jobs a slot of this master held when it died (to any live slot, which
-    has a broker connection; the master has none): each job by its TakeProgress state."""
+    """Settle the jobs a slot of this master held when it died, as its shared
+    :class:`~qcluster.channel.TakeProgress` says (sent to any live slot, which has a
+    broker connection; the master has none): each job by its state."""
 
     kind: Literal["give_back"] = "give_back"
     queue: str

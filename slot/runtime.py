@@ -32,7 +32,6 @@ from qcluster.messages import (
     BatchStarted,
     GiveBack,
     Heartbeat,
-    HeldTake,
     MasterToSlot,
     Progress,
     Recycling,
@@ -61,9 +60,6 @@ PREFETCH_MAX_S = 0.5
 METRICS_WRITE_INTERVAL_S = 0.25
 #: Pause after a broker error before trying again (the client retries inside too).
 BROKER_ERROR_PAUSE_S = 1.0
-#: A take whose ids (plus 40 per job) add up to more is not followed: what it holds goes
-#: to the master in one packet (channel.MAX_PACKET_BYTES), and back in another.
-HELD_MAX_CHARS = 48 * 1024
 _RUNNING = bytes([Progress.RUNNING]) * 4096
 _DONE = bytes([Progress.DONE]) * 4096
 
@@ -192,7 +188,8 @@ class SlotRunner:
         self._one_at_a_time = any(delivery.suspect for delivery in deliveries)
         if self._one_at_a_time:
             deliveries = self._one_suspect(deliveries)
-        held = self._follow(deliveries) if self._progress is not None else None
+        if self._progress is not None:
+            self._follow(deliveries)
         taken = time.monotonic()
         settlement = Settlement(retention=self._retention)
         size = policy.batch_size
@@ -205,9 +202,8 @@ class SlotRunner:
             chunk = deliveries[start : start + size]
             self._send(BatchStarted(
                 queue=self.queue, size=len(chunk),
-                deadline_mono=time.monotonic() + policy.batch_timeout, take=held,
+                deadline_mono=time.monotonic() + policy.batch_timeout,
             ))
-            held = None
             part, counters = self._run_batch(chunk, start if self._take_seq else -1)
             settlement.ack += part.ack
             settlement.postpone += part.postpone
@@ -229,25 +225,20 @@ class SlotRunner:
             set_options(self.queue, queue_type=policy.queue_type,
                         max_attempts=policy.max_attempts)
 
-    def _follow(self, deliveries: list[Delivery]) -> HeldTake | None:
-        """Start following a new take in the shared TakeProgress; what to tell the master
-        with its first batch. None (and not followed) when the take is too big for one
-        packet or holds something a master could not settle (a malformed delivery)."""
+    def _follow(self, deliveries: list[Delivery]) -> None:
+        """Start following a new take in the shared TakeProgress (its master reads it if
+        this slot dies). Not followed when it holds something a master could not settle
+        (a malformed delivery) or does not fit."""
         assert self._progress is not None
         self._take_seq = 0
         receipt = deliveries[0].receipt
-        if (not isinstance(receipt, int) or isinstance(receipt, bool)
-                or sum(len(d.id) for d in deliveries) + 40 * len(deliveries) > HELD_MAX_CHARS
-                or any(d.malformed for d in deliveries)
-                or not self._progress.begin(self._take_count + 1, len(deliveries))):
+        if (isinstance(receipt, int) and not isinstance(receipt, bool)
+                and not any(d.malformed for d in deliveries)
+                and self._progress.begin(self._take_count + 1, self.queue, receipt, deliveries)):
+            self._take_count += 1
+            self._take_seq = self._take_count
+        else:
             self._progress.clear()
-            return None
-        self._take_count += 1
-        self._take_seq = self._take_count
-        # Not validated here (it runs once per take; the master validates what it reads).
-        return HeldTake.model_construct(
-            seq=self._take_seq, queue=self.queue, receipt=receipt,
-            jobs=[(d.id, d.attempts, d.activate_at) for d in deliveries])
 
     def _one_suspect(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Of a take holding suspect jobs (their last take ended by lock expiry: a slot
@@ -368,11 +359,13 @@ class SlotRunner:
         """Before the handler: a batch handler gets every job at once (all RUNNING); a
         per-job one (``app.job_queue``) marks each job as it reaches it."""
         assert self._progress is not None
-        states = self._progress.states
-        if self._per_job and len(jobs) == len(deliveries):  # job n is delivery first + n
+        states, size = self._progress.states, len(deliveries)
+        if size == 1:  # the common small batch: one store
+            states[first] = Progress.RUNNING
+        elif self._per_job and len(jobs) == size:  # job n is delivery first + n
             return _MarksEachJob(jobs, states, first)
-        end = first + len(deliveries)
-        states[first:end] = _RUNNING[: len(deliveries)]
+        else:
+            states[first : first + size] = _RUNNING[:size]
         return jobs
 
     def _mark_outcomes(
@@ -384,7 +377,10 @@ class SlotRunner:
         assert self._progress is not None
         states = self._progress.states
         if acked == len(deliveries):
-            states[first : first + acked] = _DONE[:acked]
+            if acked == 1:
+                states[first] = Progress.DONE
+            else:
+                states[first : first + acked] = _DONE[:acked]
             return
         where = {id(delivery): first + n for n, delivery in enumerate(deliveries)}
         for job in jobs:
@@ -516,12 +512,14 @@ class _MarksEachJob(list[Job]):
 
     def __iter__(self) -> Iterator[Job]:
         states, first = self._states, self._first
-        running = Progress.RUNNING
+        running, done = Progress.RUNNING, Progress.DONE
         index = first
         for job in list.__iter__(self):
             states[index] = running
             yield job
-            states[index] = _state_of(job)  # the handler came back for the next one
+            # The handler came back for the next one (inline: this runs once per job).
+            outcome = job.outcome
+            states[index] = done if outcome is None or outcome == "done" else _state_of(job)
             index += 1
 
 

@@ -1,14 +1,16 @@
 """Issue 16 F14, the pure part: how a dead slot's take is settled from its progress
 states (slot/settle.py give_back_settlement) and when its master asks for it
-(master/slots.py give_back)."""
+(master/slots.py give_back), read from the shared TakeProgress the slot wrote."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qcluster.master.slots import SlotRecord, give_back
-from qcluster.messages import HeldTake, Progress
+from qcluster.channel import TakeProgress
+from qcluster.job import Delivery
+from qcluster.master.slots import give_back
+from qcluster.messages import GiveBack, Progress
 from qcluster.policy import QueuePolicy
 from qcluster.slot.settle import give_back_settlement
 
@@ -40,21 +42,30 @@ def test_only_jobs_that_ran_are_charged_and_each_is_settled_once(
     assert all(d.receipt == 1234 for d in settlement.release + settlement.crashed)
 
 
-def held(seq: int) -> HeldTake:
-    return HeldTake(seq=seq, queue="q", receipt=99, jobs=[("a", 1, 5.0), ("b", 2, 6.0)])
+def test_a_take_reads_back_as_written_with_each_jobs_state() -> None:
+    progress = TakeProgress()
+    deliveries = [Delivery(f"id-{n}", b"", n + 1, 1e9 + n, 1e9, "application/json", 77)
+                  for n in range(5)]
+    assert progress.read() is None
+    assert progress.begin(3, "q", 77, deliveries)
+    progress.states[0], progress.states[1] = Progress.DONE, Progress.RUNNING
+    taken = progress.read()
+    assert taken is not None and (taken.queue, taken.receipt) == ("q", 77)
+    assert taken.jobs == [(f"id-{n}", n + 1, 1e9 + n, state) for n, state in enumerate(
+        [Progress.DONE, Progress.RUNNING] + [Progress.UNSTARTED] * 3)]
+    assert progress.begin(4, "q", 78, deliveries[:2])  # a new take: all unstarted again
+    taken = progress.read()
+    assert taken is not None and [job[3] for job in taken.jobs] == [Progress.UNSTARTED] * 2
+    progress.clear()
+    assert progress.read() is None
+    too_many = deliveries * (TakeProgress.CAPACITY // 5 + 1)
+    assert not progress.begin(5, "q", 79, too_many) and progress.read() is None
 
 
-def test_a_slot_that_died_holding_its_announced_take_is_given_back() -> None:
-    slot = SlotRecord(0, 123, "q", 0.0, 0.0, 0.0, held=held(7))
-    order = give_back(slot, "crash", 7, bytes([Progress.RUNNING, Progress.UNSTARTED]))
-    assert order is not None and order.receipt == 99
-    assert order.jobs == [("a", 1, 5.0, Progress.RUNNING), ("b", 2, 6.0, Progress.UNSTARTED)]
-
-
-def test_nothing_is_given_back_for_a_clean_exit_an_older_take_or_no_take() -> None:
-    slot = SlotRecord(0, 123, "q", 0.0, 0.0, 0.0, held=held(7))
-    states = bytes([Progress.DONE, Progress.DONE])
-    assert give_back(slot, "recycle", 7, states) is None  # it settled its take itself
-    assert give_back(slot, None, 7, states) is None
-    assert give_back(slot, "crash", 8, states) is None  # a newer take it never announced
-    assert give_back(SlotRecord(0, 123, "q", 0.0, 0.0, 0.0), "hung", 7, states) is None
+def test_a_take_is_given_back_only_when_its_slot_died() -> None:
+    taken = GiveBack(queue="q", receipt=99, jobs=[("a", 1, 5.0, Progress.RUNNING)])
+    assert give_back("crash", taken) is taken
+    assert give_back("hung", taken) is taken and give_back("memory", taken) is taken
+    assert give_back("recycle", taken) is None  # it settled its take itself
+    assert give_back(None, taken) is None
+    assert give_back("crash", None) is None
