@@ -33,6 +33,9 @@ from qcluster.names import check_queue_name
 
 #: After the first message of a batch arrived, how long to wait for the rest of it.
 BATCH_FILL_S = 0.005
+#: Before a quorum queue's consumer is cancelled, how long the link must be quiet to
+#: conclude the queue sends nothing more to it (see Consuming._cancel).
+QUORUM_QUIET_S = 0.05
 
 
 @dataclass
@@ -236,7 +239,12 @@ class Consuming(Publishing):
         classic queue is in the buffer). A quorum queue (RabbitMQ 3.10) keeps back the
         messages it had already assigned to a consumer and returns them later counted as a
         redelivery, so it is cancelled only to leave the queue or to run a suspect job
-        alone: see docs/operations.md, 'Quorum queues'."""
+        alone, and only once its credit is used up: what the queue assigned is received
+        first, unless the link stays quiet (the queue ran dry). See docs/operations.md,
+        'Quorum queues'."""
+        if state.consumer is not None and self.queue_type(queue) == "quorum":
+            while len(state.unacked()) < state.prefetch and self._drain(QUORUM_QUIET_S):
+                pass
         for consumer in (state.consumer, *state.extra):
             if consumer is not None:
                 consumer.cancel()

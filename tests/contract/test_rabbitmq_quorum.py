@@ -371,3 +371,26 @@ def test_a_producer_given_the_app_declares_the_queue_as_its_policy_says(
         assert f"x-delivery-limit\",{4 + DELIVERY_LIMIT_MARGIN}" in queue_arguments(
             queue_name).replace(" ", "").replace("{", "").replace("}", "")
         assert producer.stats(queue_name)["ready"] == 1
+
+
+def test_leaving_a_deep_quorum_queue_charges_no_job(rabbitmq_url: str, queue_name: str) -> None:
+    """A slot that leaves a queue right after acking (a queue switch, SIGTERM): RabbitMQ
+    had already assigned more jobs to its consumer. Cancelled before they arrived, they would
+    come back later counted as a redelivery (attempts 2, suspect) though they never ran."""
+    url = quorum(rabbitmq_url)
+    broker = open_broker(url)
+    broker.publish_many(queue_name, [(f"j{i}", b"{}") for i in range(600)])
+    for _ in range(10):
+        taken = broker.take(queue_name, max_jobs=10, lock_timeout_s=60, wait_s=5)
+        taken = broker.settle_and_take(queue_name, Settlement(ack=taken), max_jobs=10,
+                                       lock_timeout_s=60, wait_s=5, read_ahead=True)
+        broker.settle(queue_name, Settlement(ack=taken))
+        broker.leave(queue_name)
+    broker.close()
+    reader = open_broker(url)
+    try:
+        rest = take_n(reader, queue_name, reader.stats(queue_name).ready)
+        assert Counter(d.attempts for d in rest) == {1: 600 - 200}
+        reader.settle(queue_name, Settlement(ack=rest))
+    finally:
+        reader.close()
