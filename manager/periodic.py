@@ -8,9 +8,17 @@ and, for each, claims it in the broker (``Broker.claim_tick``) and enqueues it o
 this manager won the claim. A second manager started by mistake, or a restarted one,
 loses the claims of ticks already enqueued, so no tick is enqueued twice.
 
-If the enqueue fails after the claim, the claim is given back (``unclaim_tick``) and the
-next pass tries again. A manager killed between its claim and its enqueue (one broker
-round trip) loses that tick: ticks are enqueued at most once.
+The guarantee: each tick is enqueued exactly once, except that a manager killed between
+its claim and its enqueue (one broker round trip) loses that tick (nobody enqueues it).
+If the enqueue fails after the claim and stored nothing, the claim is given back
+(``unclaim_tick``) and the next pass tries again. If the job reached a Redis master but
+too few replicas confirmed it (``ReplicationUnconfirmed``), it is stored: the claim is
+kept and the tick is not enqueued again (a failover before a replica copies it may lose
+it, as any publish).
+
+A record in the broker that cannot be a tick (not a number, or later than this manager's
+clock allows) stops only its own job, with a warning; the lock that serialises the
+broker's use is taken per tick, never for a whole pass.
 """
 
 from __future__ import annotations
@@ -24,7 +32,13 @@ from typing import Any
 from qcluster.app import App, load_app
 from qcluster.broker.base import Broker
 from qcluster.config import Settings
-from qcluster.errors import AppImportError, BrokerError, ConfigError
+from qcluster.errors import (
+    AppImportError,
+    BrokerError,
+    BrokerUnavailable,
+    ConfigError,
+    ReplicationUnconfirmed,
+)
 from qcluster.job import Envelope
 from qcluster.periodic import (
     PeriodicJobView,
@@ -103,20 +117,57 @@ class PeriodicTicker:
         """The broker's record as last read: each job's last enqueued tick."""
         self.enqueued = 0
         """Ticks this manager enqueued (it won their claims)."""
+        self._warned_future: dict[str, int] = {}
+        """Each job's implausible record as last warned about (warned once, not per pass)."""
         self.stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     # --- one pass ---------------------------------------------------------------------
 
     def run_due(self) -> float:
-        """Enqueue every due tick this manager wins; returns seconds until the next tick."""
+        """Enqueue every due tick this manager wins; returns seconds until the next tick.
+
+        The broker lock is taken per round trip group (the read, then each tick's claim and
+        publish), not for the whole pass: a pass catching up many ticks must not hold the
+        planning rounds and the operators' pause/drain back. A job whose pass fails (a bad
+        record, a script error) is logged and the others go on; a broker that is away ends
+        the pass (every job would fail the same way)."""
         now_ms = _ms(self.clock())
         with self.broker_lock:
-            self.last = {name: tick for name, tick in self.broker.last_ticks().items()
-                         if name in self.jobs}
-            for spec in self.jobs.values():
+            recorded = self.broker.last_ticks()
+        self.last = {name: tick for name, tick in recorded.items()
+                     if name in self.jobs and self._plausible(self.jobs[name], tick, now_ms)}
+        for spec in self.jobs.values():
+            if spec.name in recorded and spec.name not in self.last:
+                continue  # a record from the future: warned by _plausible
+            try:
                 self._run_job(spec, now_ms)
+            except BrokerUnavailable:
+                raise
+            except (BrokerError, ValueError, OverflowError) as exc:  # this job's alone
+                logger.warning("periodic %s: %s (trying again)", spec.name, exc)
+            except Exception:  # one job's failure must not stop the others' ticks
+                logger.exception("periodic %s: pass failed (trying again)", spec.name)
         return self._seconds_to_next(_ms(self.clock()))
+
+    def _plausible(self, spec: PeriodicSpec, tick_ms: int, now_ms: int) -> bool:
+        """False (warned once per record) for a record later than any manager could have
+        enqueued: past the tick after ``now + missed_after`` (clocks differ by less). Such
+        a record (another program's write, a clock far ahead) would refuse every claim, or
+        overflow the schedule, so the job's ticks wait and the operator is told why."""
+        try:
+            bound = spec.next_tick(now_ms + spec.missed_after_ms)
+        except (ValueError, OverflowError):
+            bound = now_ms
+        if tick_ms <= bound:
+            return True
+        if self._warned_future.get(spec.name) != tick_ms:
+            self._warned_future[spec.name] = tick_ms
+            logger.warning("periodic %s: its recorded last tick (%d ms) is later than this "
+                           "manager's clock allows; no tick is enqueued before it (a clock "
+                           "far ahead, or another program, wrote it: remove the record to "
+                           "start again)", spec.name, tick_ms)
+        return False
 
     def _run_job(self, spec: PeriodicSpec, now_ms: int) -> None:
         last = self.last.get(spec.name)
@@ -129,15 +180,29 @@ class PeriodicTicker:
                         spec.catch_up, sum(1 for tick in due if tick <= edge))
         previous = last
         for tick in due:
-            if not self.broker.claim_tick(spec.name, tick):
-                continue  # another manager enqueued it (or a later one)
-            try:
-                self._enqueue(spec, tick)
-            except BrokerError:
-                self.broker.unclaim_tick(spec.name, tick, previous)
-                raise
+            with self.broker_lock:
+                if not self._claim_and_enqueue(spec, tick, previous):
+                    continue  # another manager enqueued it (or a later one)
             previous = self.last[spec.name] = tick
             self.enqueued += 1
+
+    def _claim_and_enqueue(self, spec: PeriodicSpec, tick: int, previous: int | None) -> bool:
+        """True when this manager won the tick's claim and its job is stored. The claim is
+        given back only when the publish stored nothing: after ReplicationUnconfirmed the
+        job is on the master (a replica did not confirm it in time), so giving the claim
+        back would let the next pass publish the tick again and run it twice."""
+        if not self.broker.claim_tick(spec.name, tick):
+            return False
+        try:
+            self._enqueue(spec, tick)
+        except ReplicationUnconfirmed:
+            logger.warning("periodic %s: tick %s is stored on the master but no replica "
+                           "confirmed it in time (a failover now could lose it); it is "
+                           "not enqueued again", spec.name, _when(tick))
+        except BrokerError:
+            self.broker.unclaim_tick(spec.name, tick, previous)
+            raise
+        return True
 
     def _enqueue(self, spec: PeriodicSpec, tick_ms: int) -> None:
         identifier = job_id(spec.name, tick_ms)

@@ -26,6 +26,12 @@ class BrokerUnavailable(BrokerError):
     """The broker cannot be reached (after the configured retries)."""
 
 
+class ReplicationUnconfirmed(BrokerUnavailable):
+    """A publish reached the master but too few replicas confirmed it in time: the jobs
+    are stored (a failover could still lose them). A caller that must not publish the same
+    thing twice under a new identity (the periodic ticker) keeps its claim on this one."""
+
+
 class EnvelopeError(QClusterError):
     """A message is not a valid job envelope (malformed, wrong content type, too big)."""
 

@@ -28,7 +28,12 @@ from qcluster.broker.base import (
     Settlement,
     mask_url,
 )
-from qcluster.errors import BrokerError, BrokerUnavailable, ConfigError
+from qcluster.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    ConfigError,
+    ReplicationUnconfirmed,
+)
 from qcluster.job import JSON_CONTENT_TYPE, MAX_DELAY_S, Delivery
 from qcluster.names import check_queue_name
 from qcluster.policy import DEFAULT_DEAD_MAX_AGE, DEFAULT_DEAD_MAX_COUNT
@@ -323,7 +328,7 @@ class RedisBroker(Broker):
             else:
                 raise BrokerError(f"Redis at {self.safe_url}: publish script not loaded")
         if acked < self.replicas:
-            raise BrokerUnavailable(
+            raise ReplicationUnconfirmed(
                 f"Redis at {self.safe_url}: the jobs reached the master but only {acked} of "
                 f"{self.replicas} replica(s) within {self.replica_timeout_ms} ms, so a "
                 "failover could lose them; publish them again (a waiting job published "
@@ -472,9 +477,19 @@ class RedisBroker(Broker):
                 keys=[PERIODIC_KEY], args=[job, tick_ms, previous])
 
     def last_ticks(self) -> dict[str, int]:
+        """Each job's recorded tick; a field that is not a whole number of ms (another
+        program's write, a torn value) is skipped with a warning, so that it cannot stop
+        the other jobs' ticks."""
         with self._errors():
             found: dict[Any, Any] = self.client.hgetall(PERIODIC_KEY)
-        return {_text(name): int(value) for name, value in found.items()}
+        ticks: dict[str, int] = {}
+        for name, value in found.items():
+            try:
+                ticks[_text(name)] = int(value)
+            except (TypeError, ValueError):
+                logger.warning("periodic job %s: its record in %s is not a tick (%r): "
+                               "ignored", _text(name), PERIODIC_KEY, value[:40])
+        return ticks
 
     def _periodic_script(self, source: str) -> Any:
         if source not in self._scripts:

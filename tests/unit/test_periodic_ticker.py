@@ -5,15 +5,18 @@ catch_up, and what the admin page is given."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
 
 import pytest
+import redis
 
 from qcluster.broker import open_broker
 from qcluster.broker.base import Broker
-from qcluster.errors import BrokerUnavailable
+from qcluster.broker.redis_broker import PERIODIC_KEY, RedisBroker, _client_options
+from qcluster.errors import BrokerError, BrokerUnavailable
 from qcluster.job import decode_envelope
 from qcluster.manager.periodic import PeriodicTicker
 from qcluster.periodic import periodic_spec
@@ -111,3 +114,94 @@ def test_ticks_missed_while_no_manager_ran(broker: Broker, queue_name: str,
     missed = [ms(T0 + s) for s in range(87, 92)][5 - expected_missed:] if expected_missed else []
     on_time = [ms(T0 + s) for s in range(92, 102)]  # within missed_after (10 s) of now
     assert enqueued(broker, queue_name) == [ms(T0 + 1), *missed, *on_time]
+
+
+def test_a_tick_stored_on_the_master_but_not_on_a_replica_is_enqueued_once(
+        redis_url: str, queue_name: str) -> None:
+    """WAIT finds no replica (this Redis has none): the publish raises
+    ReplicationUnconfirmed after the job is stored on the master. The ticker keeps its
+    claim, so the next pass does not publish the tick again (it ran twice when the claim
+    was given back and the first copy had been taken meanwhile)."""
+    client = redis.Redis.from_url(redis_url, **_client_options(3))
+    waiting = RedisBroker(client, safe_url="redis://test", replicas=1, replica_timeout_ms=50)
+    slot = open_broker(redis_url)
+    try:
+        name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
+        tick = ticker(waiting, clock, queue_name, name)
+        clock.at = T0 + 1.5
+        taken = []
+        for _ in range(3):
+            with contextlib.suppress(BrokerError):  # the code before the fix raised here
+                tick.run_due()
+            batch = slot.take(queue_name, max_jobs=10, lock_timeout_s=60)
+            taken += [int(decode_envelope(d.body).headers["qcluster-tick"]) for d in batch]
+            slot.ack(queue_name, batch)
+        assert taken == [ms(T0 + 1)]
+        assert slot.last_ticks()[name] == ms(T0 + 1)
+    finally:
+        slot.close()
+        waiting.close()
+
+
+def test_a_bad_record_stops_only_its_own_job(broker: Broker, queue_name: str,
+                                             redis_url: str) -> None:
+    """A record that is not a number, and one far in the future, are each skipped (warned);
+    the other job's ticks go on."""
+    clock = Clock(T0 + 0.5)
+    good, garbled, future = (f"{kind}-{uuid.uuid4().hex[:8]}"
+                             for kind in ("good", "garbled", "future"))
+    specs = {name: periodic_spec(name, {"queue": queue_name, "every": 1}, where="test")
+             for name in (garbled, future, good)}
+    manager = PeriodicTicker(specs, broker, threading.Lock(), clock)
+    raw = redis.Redis.from_url(redis_url)
+    raw.hset(PERIODIC_KEY, mapping={garbled: "soon", future: str(10**300)})
+    try:
+        clock.at = T0 + 2.5
+        manager.run_due()
+        assert enqueued(broker, queue_name) == [ms(T0 + 1), ms(T0 + 2)]  # good's only
+        assert {view.name for view in manager.views()} == set(specs)  # the page still shows
+        assert broker.last_ticks()[good] == ms(T0 + 2)
+        assert garbled not in broker.last_ticks()
+    finally:
+        raw.hdel(PERIODIC_KEY, garbled, future)
+        raw.close()
+
+
+def test_the_broker_lock_is_taken_per_tick_not_per_pass(broker: Broker,
+                                                         queue_name: str) -> None:
+    """A pass catching up many ticks takes the manager's broker lock for each tick's claim
+    and publish and lets it go between them, so the planning rounds and pause/drain are
+    not held back for the whole pass."""
+    name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
+    lock = CountingLock()
+    spec = periodic_spec(name, {"queue": queue_name, "every": 1}, where="test")
+    manager = PeriodicTicker({name: spec}, broker, lock, clock)  # type: ignore[arg-type]
+    held_at_claim: list[int] = []
+    original = broker.claim_tick
+
+    def claim_and_look(job: str, tick_ms: int) -> bool:
+        held_at_claim.append(lock.taken)
+        return original(job, tick_ms)
+
+    broker.claim_tick = claim_and_look  # type: ignore[method-assign]
+    clock.at = T0 + 5.5
+    manager.run_due()
+    assert manager.enqueued == 5
+    assert held_at_claim == [2, 3, 4, 5, 6]  # the read took it once, then once per tick
+    assert not lock.held
+
+
+class CountingLock:
+    """A context-manager lock that counts how often it was taken."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.held = False
+
+    def __enter__(self) -> None:
+        assert not self.held
+        self.taken += 1
+        self.held = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.held = False
