@@ -31,6 +31,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
+from qcluster.broker.redis_broker import SOCKET_TIMEOUT_S
 from qcluster.errors import ConfigError
 
 SENTINEL_SCHEME = "redis+sentinel://"
@@ -42,6 +43,8 @@ CLUSTER_PORT = 6379
 #: jobs the master acknowledged but had not yet sent to a replica.
 DEFAULT_REPLICAS = 1
 DEFAULT_REPLICA_TIMEOUT_MS = 2000
+#: WAIT must answer before the client's socket timeout, with room for the round trip.
+MAX_REPLICA_TIMEOUT_MS = int(SOCKET_TIMEOUT_S * 1000) - 500
 _OPTIONS = ("replicas", "replica_timeout_ms", "sentinel_password")
 
 
@@ -233,6 +236,11 @@ def _options(query: str, kind: str) -> dict[str, Any]:
             raise ConfigError(f"redis+{kind}:// URL option {key}={value[:20]!r}: "
                               "a whole number is needed")
         options[key] = int(value)
+        if key == "replica_timeout_ms" and not 1 <= options[key] <= MAX_REPLICA_TIMEOUT_MS:
+            # 0 is "wait forever" to Redis; above the socket timeout the client gives up first.
+            raise ConfigError(f"redis+{kind}:// URL option replica_timeout_ms={value}: 1 to "
+                              f"{MAX_REPLICA_TIMEOUT_MS} (a publish's socket times out at "
+                              f"{SOCKET_TIMEOUT_S:g} s)")
     return options
 
 

@@ -60,7 +60,7 @@ def broker_url(request: pytest.FixtureRequest) -> str:
     """Overrides tests/conftest.py's: each contract test runs on Sentinel and on Cluster.
     A publish waits up to 10 s for its replica: on a saturated CPU a replica can take
     seconds to acknowledge, which is not what these tests are about."""
-    return str(request.getfixturevalue(f"redis_{request.param}").url) + "?replica_timeout_ms=10000"
+    return str(request.getfixturevalue(f"redis_{request.param}").url) + "?replica_timeout_ms=4500"
 
 
 def test_queues_spread_over_the_shards_and_are_all_listed(

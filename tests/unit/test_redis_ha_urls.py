@@ -44,6 +44,9 @@ def test_cluster_url_defaults_to_one_replica_and_port_6379() -> None:
     ("redis+cluster://h:1?sentinel_password=x", "not known"),
     ("redis+cluster://h:1?replicas=one", "whole number"),
     ("redis+sentinel://h:1/m?db=2", "not known"),
+    # 0 makes WAIT block forever; above 4500 the 5 s socket timeout gives up first.
+    ("redis+cluster://127.0.0.1:1?replica_timeout_ms=0", "1 to 4500"),
+    ("redis+cluster://127.0.0.1:1?replica_timeout_ms=10000", "1 to 4500"),
 ])
 def test_bad_urls_are_refused_with_one_line(url: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says) as refused:
