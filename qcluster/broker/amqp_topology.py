@@ -224,7 +224,12 @@ class Topology(AmqpLink):
         wanted = self._wanted_type(queue) or "classic"
         asked = self._queue_arguments(queue, wanted)
         existing = self._declare_as_it_is(queue, asked)
-        found: QueueType = "quorum" if existing.get("x-queue-type") == "quorum" else "classic"
+        kind = existing.get("x-queue-type", "classic")
+        if kind not in QUEUE_TYPES:
+            raise QueueTypeMismatch(
+                f"queue {queue!r} exists in RabbitMQ as a {kind} queue: qcluster uses classic "
+                "and quorum queues only (docs/operations.md, 'Quorum queues')")
+        found: QueueType = "quorum" if kind == "quorum" else "classic"
         if found != wanted and self._wanted_type(queue) is not None:
             raise QueueTypeMismatch(migration_hint(queue, found, wanted))
         if found == wanted and existing != asked and (queue, "arguments") not in _warned_queues:

@@ -394,3 +394,14 @@ def test_leaving_a_deep_quorum_queue_charges_no_job(rabbitmq_url: str, queue_nam
         reader.settle(queue_name, Settlement(ack=rest))
     finally:
         reader.close()
+
+
+def test_a_stream_queue_of_that_name_is_refused(rabbitmq_url: str, queue_name: str) -> None:
+    broker = KombuBroker(rabbitmq_url)
+    try:
+        broker._inspector().queue_declare(queue_name, durable=True, auto_delete=False,
+                                          arguments={"x-queue-type": "stream"})
+        with pytest.raises(QueueTypeMismatch, match="as a stream queue: qcluster uses classic"):
+            broker.publish_many(queue_name, [("a", b"{}")])
+    finally:
+        broker.close()
