@@ -9,13 +9,16 @@ AMQP has no compare-and-set, so the claim is made of two parts:
   killed manager's at once, a cut link's after the heartbeat timeout): the next manager
   that claims a tick takes it over.
 - **What was enqueued**: the durable queue ``qc~periodic.ledger`` (``x-max-length`` 1: a
-  new record replaces the old one) holds one JSON document, ``{"NAME": tick_ms}``. Only
-  the lock's holder writes it (confirmed before a tick is enqueued); it reads it when it
-  takes the lock, so a restarted or second manager starts from the last tick enqueued.
-  Anyone else peeks at it (takes it unacknowledged, gives it back). A peeked document given
-  back after the holder wrote a newer one is the one the length limit drops (checked on
-  RabbitMQ 3.10: the queue keeps the newer); a new holder that finds the queue empty looks
-  again for half a second, in case a reader held the document just then.
+  new record replaces the old one) holds one JSON document, ``{"NAME": tick_ms}``
+  (:mod:`~qcluster.broker.amqp_single`). Only the lock's holder writes it (confirmed before
+  a tick is enqueued); it reads it when it takes the lock, so a restarted or second manager
+  starts from the last tick enqueued. Anyone else peeks at it (takes it unacknowledged,
+  gives it back; a reader never creates the queue). A peeked document given back after the
+  holder wrote a newer one is the one the length limit drops (checked on RabbitMQ 3.10:
+  the queue keeps the newer). A new holder starts from no record only when it creates the
+  ledger; if the ledger exists but looks empty (another process holds the document, e.g. a
+  stalled reader), it claims nothing and tries again at the next pass, never writing a
+  fresh document that would lose the other jobs' records.
 
 ``~`` is not allowed in a queue name (:mod:`qcluster.names`), so no user queue is either.
 """
@@ -24,20 +27,19 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 import amqp
+
+from qcluster.broker.amqp_single import DocumentHeld, SingleDocumentQueue
 
 logger = logging.getLogger("qcluster.broker.kombu_broker")
 
 LOCK_QUEUE = "qc~periodic.lock"
 LEDGER_QUEUE = "qc~periodic.ledger"
-LEDGER_ARGUMENTS = {"x-max-length": 1}
-#: At most this many ledger documents are read (one, unless readers raced a writer).
-LEDGER_READ_LIMIT = 10
-#: A new holder that finds the ledger empty looks again this often, this long apart: another
-#: process may be peeking at the document (it holds it for a round trip).
+#: A new holder that finds the existing ledger empty looks again this often, this long
+#: apart (another process may be peeking at the document for a round trip), then claims
+#: nothing this pass.
 EMPTY_LEDGER_TRIES = 10
 EMPTY_LEDGER_WAIT_S = 0.05
 
@@ -49,7 +51,7 @@ class PeriodicLedger:
     def __init__(self, conn: Any, confirm_timeout_s: float) -> None:
         self.conn = conn
         """The kombu Connection (its ``connection`` is the live py-amqp one)."""
-        self.confirm_timeout_s = confirm_timeout_s
+        self.ledger = SingleDocumentQueue(conn, LEDGER_QUEUE, confirm_timeout_s)
         self._held_on: Any = None
         """The py-amqp connection that holds the lock (None: not held)."""
         self._channel: Any = None
@@ -75,16 +77,23 @@ class PeriodicLedger:
         self._write(ticks)
 
     def last_ticks(self) -> dict[str, int]:
-        """The holder's record; anyone else reads the ledger."""
+        """The holder's record; anyone else reads the ledger (none when it does not exist)."""
         if self._held_on is not None and self._held_on is self.conn.connection:
             return dict(self._ticks)
-        return self._read(self._ledger_channel(), close=True)
+        channel = self.ledger.open_existing()
+        if channel is None:
+            return {}
+        try:
+            return _latest(self.ledger.hold(channel))
+        finally:
+            channel.close()  # unacked: the broker puts the document back
 
     # --- the lock ------------------------------------------------------------------
 
     def _hold(self) -> bool:
-        """Hold the lock on the live connection (taking it if free); read the ledger when
-        it is newly taken. False while another connection holds it."""
+        """Hold the lock on the live connection (taking it if free) and the ledger's
+        record. False while another connection holds the lock, or while the existing
+        ledger's document is held by another process (the next pass tries again)."""
         link = self.conn.connection
         if self._held_on is link and self._channel is not None and self._channel.is_open:
             return True
@@ -95,51 +104,38 @@ class PeriodicLedger:
         except amqp.exceptions.ResourceLocked:
             return False  # the broker closed the probe's channel
         probe.close()
-        channel = self._ledger_channel()
-        self._ticks = self._read(channel, close=False)
-        for _ in range(EMPTY_LEDGER_TRIES):
-            if self._ticks:
-                break
-            time.sleep(EMPTY_LEDGER_WAIT_S)  # never written, or a reader holds it just now
-            self._ticks = self._read(channel, close=False)
+        channel, created = self.ledger.open()
+        try:
+            held = self.ledger.hold_for_write(channel, created, EMPTY_LEDGER_TRIES,
+                                              EMPTY_LEDGER_WAIT_S)
+        except DocumentHeld as exc:
+            channel.close()
+            logger.warning("periodic jobs: no tick is claimed this pass: %s", exc)
+            return False
+        self._ticks = _latest(held)
+        for message in held:  # given back: the holder's writes replace them (length 1)
+            channel.basic_reject(message.delivery_tag, requeue=True)
         self._held_on, self._channel = link, channel
         logger.info("this manager enqueues the periodic jobs (it holds %s)", LOCK_QUEUE)
         return True
 
     # --- the ledger ----------------------------------------------------------------
 
-    def _ledger_channel(self) -> Any:
-        channel = self.conn.channel()
-        channel.queue_declare(LEDGER_QUEUE, durable=True, auto_delete=False,
-                              arguments=LEDGER_ARGUMENTS)
-        return channel
-
-    def _read(self, channel: Any, *, close: bool) -> dict[str, int]:
-        """Every document's ticks, the latest per job; the documents are given back."""
-        ticks: dict[str, int] = {}
-        messages = []
-        for _ in range(LEDGER_READ_LIMIT):
-            message = channel.basic_get(LEDGER_QUEUE, no_ack=False)
-            if message is None:
-                break
-            messages.append(message)
-            for job, tick in _document(message.body).items():
-                ticks[job] = max(tick, ticks.get(job, tick))
-        for message in messages:
-            channel.basic_reject(message.delivery_tag, requeue=True)
-        if close:
-            channel.close()
-        return ticks
-
     def _write(self, ticks: dict[str, int]) -> None:
         """Publish the new document and wait for the broker's confirm; the queue's
         length limit drops the old one."""
         assert self._channel is not None
-        body = json.dumps(ticks, sort_keys=True).encode()
-        message = amqp.Message(body, content_type="application/json", delivery_mode=2)
-        self._channel.basic_publish_confirm(message, exchange="", routing_key=LEDGER_QUEUE,
-                                            confirm_timeout=self.confirm_timeout_s)
+        self.ledger.publish(self._channel, json.dumps(ticks, sort_keys=True).encode())
         self._ticks = ticks
+
+
+def _latest(messages: list[Any]) -> dict[str, int]:
+    """Every document's ticks, the latest per job."""
+    ticks: dict[str, int] = {}
+    for message in messages:
+        for job, tick in _document(message.body).items():
+            ticks[job] = max(tick, ticks.get(job, tick))
+    return ticks
 
 
 def _document(body: Any) -> dict[str, int]:

@@ -51,7 +51,9 @@ How the queue-server contract maps onto AMQP (README, "Backend semantics"):
   channel); a writer holds it while it publishes the changed document (confirmed), then
   acks the old one, so two managers' changes do not overwrite each other (a writer that
   dies between the two leaves both: the higher version wins). While another process holds
-  it, a reader finds the queue empty and keeps what it read last (``read_controls``: None).
+  it, a reader finds the queue empty and keeps what it read last (``read_controls``: None),
+  and a writer refuses (``DocumentHeld``, a BrokerUnavailable; only the call that creates
+  the queue writes on an empty one: :mod:`~qcluster.broker.amqp_single`).
 - ``stats``: ready and delayed come from the broker (``queue_declare(passive=True)``);
   AMQP cannot report other consumers' unacked messages, so ``locked`` counts only what
   this process holds.
@@ -64,7 +66,6 @@ import math
 import time
 from typing import Any
 
-import amqp
 from kombu.transport import native_delayed_delivery as ndd
 
 from qcluster.broker.amqp_consume import BATCH_FILL_S, Consuming
@@ -81,6 +82,7 @@ from qcluster.broker.amqp_messages import (
     _released_headers,
 )
 from qcluster.broker.amqp_periodic import PeriodicLedger
+from qcluster.broker.amqp_single import SingleDocumentQueue
 from qcluster.broker.amqp_topology import (
     TOP_LEVEL,
     dead_queue_name,
@@ -104,13 +106,12 @@ __all__ = [
 DEAD_SCAN_LIMIT = 10_000
 #: The operator controls' document: the only message of this queue (see the docstring).
 CONTROLS_QUEUE = "qc~controls"
-CONTROLS_ARGUMENTS = {"x-max-length": 1}
-#: A writer that finds the document held by another process tries again this often, this
-#: long apart (a reader holds it for a round trip), then writes on an empty document.
+#: A writer that finds the existing queue empty (another process holds the document) looks
+#: again this often, this long apart (a reader holds it for a round trip), then refuses
+#: (DocumentHeld, a BrokerUnavailable): it never writes on an empty document it did not
+#: create (qcluster.broker.amqp_single).
 CONTROL_HOLD_TRIES = 20
 CONTROL_HOLD_WAIT_S = 0.05
-#: At most this many documents are read (normally one; see _hold_documents).
-CONTROLS_SCAN = 10
 
 
 class KombuBroker(Consuming):
@@ -137,6 +138,8 @@ class KombuBroker(Consuming):
                          confirm_timeout_s=confirm_timeout_s)
         self._periodic = PeriodicLedger(self.conn, confirm_timeout_s)
         """Periodic jobs' lock and ledger (:mod:`~qcluster.broker.amqp_periodic`)."""
+        self._controls = SingleDocumentQueue(self.conn, CONTROLS_QUEUE, confirm_timeout_s)
+        """The operator controls' document (:mod:`~qcluster.broker.amqp_single`)."""
 
     # --- settling -------------------------------------------------------------
 
@@ -284,17 +287,13 @@ class KombuBroker(Consuming):
 
     # --- operator controls -----------------------------------------------------
 
-    def _controls_channel(self) -> Any:
-        channel = self.conn.channel()
-        channel.queue_declare(CONTROLS_QUEUE, durable=True, auto_delete=False,
-                              arguments=CONTROLS_ARGUMENTS)
-        return channel
-
     def read_controls(self) -> dict[str, bytes] | None:
         def read() -> dict[str, bytes] | None:
-            channel = self._controls_channel()
+            channel = self._controls.open_existing()
+            if channel is None:
+                return {}  # never written (a reader does not create the queue)
             try:
-                held = _hold_documents(channel)
+                held = self._controls.hold(channel)
                 return _newest(held)[1] if held else None
             finally:
                 channel.close()  # unacked: the broker puts the document back
@@ -303,14 +302,10 @@ class KombuBroker(Consuming):
 
     def write_control(self, key: str, value: bytes | None) -> None:
         def write() -> None:
-            channel = self._controls_channel()
+            channel, created = self._controls.open()
             try:
-                held: list[Any] = []
-                for _ in range(CONTROL_HOLD_TRIES):
-                    held = _hold_documents(channel)
-                    if held:
-                        break
-                    time.sleep(CONTROL_HOLD_WAIT_S)  # never written, or held elsewhere
+                held = self._controls.hold_for_write(channel, created, CONTROL_HOLD_TRIES,
+                                                     CONTROL_HOLD_WAIT_S)
                 version, document = _newest(held) if held else (0, {})
                 if value is None:
                     document.pop(key, None)
@@ -318,10 +313,7 @@ class KombuBroker(Consuming):
                     document[key] = value
                 body = json.dumps({"version": version + 1, "controls": {
                     k: v.decode("utf-8", "replace") for k, v in sorted(document.items())}})
-                channel.basic_publish_confirm(
-                    amqp.Message(body, delivery_mode=2, content_type="application/json"),
-                    exchange="", routing_key=CONTROLS_QUEUE,
-                    confirm_timeout=self.confirm_timeout_s)
+                self._controls.publish(channel, body.encode())
                 if held:  # only now: until the new one is confirmed, the old one stays
                     channel.basic_ack(held[-1].delivery_tag, multiple=True)
             finally:
@@ -361,18 +353,6 @@ class KombuBroker(Consuming):
                 self._active = None
 
         self._retrying(delete)
-
-
-def _hold_documents(channel: Any) -> list[Any]:
-    """Every controls document in the queue, held unacknowledged: one, unless a writer died
-    between its confirmed publish and its ack (the old one came back beside the new)."""
-    held: list[Any] = []
-    while len(held) < CONTROLS_SCAN:
-        message = channel.basic_get(CONTROLS_QUEUE, no_ack=False)
-        if message is None:
-            break
-        held.append(message)
-    return held
 
 
 def _newest(held: list[Any]) -> tuple[int, dict[str, bytes]]:

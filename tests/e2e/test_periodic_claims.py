@@ -99,3 +99,32 @@ def test_rabbitmq_one_connection_claims_until_it_closes(rabbitmq_url: str,
             assert first.claim_tick(job_name, 2_000)
         assert second.claim_tick(job_name, 2_000) is False  # the ledger says 2_000
         assert second.claim_tick(job_name, 3_000) is True
+
+
+def test_rabbitmq_a_new_holder_claims_nothing_while_the_ledger_is_held_elsewhere(
+        rabbitmq_url: str, job_name: str) -> None:
+    """The holder dies while a third manager, stalled mid-peek, holds the ledger's document
+    (the ledger looks empty). The next holder claims nothing until the document is back,
+    then goes on from it: no tick claimed twice, no other job's record lost (before, it
+    started from an empty record after half a second)."""
+    from qcluster.broker.amqp_periodic import LEDGER_QUEUE
+    from qcluster.broker.kombu_broker import KombuBroker
+
+    other_job = f"{job_name}-other"
+    with opened(rabbitmq_url) as second, opened(rabbitmq_url) as stalled:
+        assert isinstance(stalled, KombuBroker)
+        with opened(rabbitmq_url) as first:
+            assert first.claim_tick(job_name, 1_000) and first.claim_tick(job_name, 2_000)
+            assert first.claim_tick(other_job, 5_000)
+            stalled.ping()
+            reader = stalled.conn.channel()
+            assert reader.basic_get(LEDGER_QUEUE, no_ack=False) is not None
+        try:  # first is gone: its lock with it
+            assert second.claim_tick(job_name, 2_000) is False  # enqueued by first
+            assert second.claim_tick(job_name, 3_000) is False  # not before the ledger is back
+        finally:
+            reader.close()  # the stalled manager lets go: the document comes back
+        assert second.claim_tick(job_name, 2_000) is False
+        assert second.claim_tick(job_name, 3_000) is True
+        assert second.last_ticks() == {**second.last_ticks(), job_name: 3_000,
+                                       other_job: 5_000}

@@ -140,3 +140,39 @@ def test_rabbitmq_a_writer_dead_between_publish_and_ack_leaves_the_newer_documen
             store.clear(control.kind, control.name)
     finally:
         broker.close()
+
+
+def test_rabbitmq_a_write_while_another_process_holds_the_document_changes_nothing(
+        rabbitmq_url: str) -> None:
+    """A reader stalled mid-read (SIGSTOP, a cut link) holds the document: the queue looks
+    empty. A writer refuses (BrokerUnavailable: the API answers 503) instead of writing a
+    document with only its own control, which the length limit would keep over the held
+    one when the reader lets go (every other pause and drain silently lifted)."""
+    from qcluster.broker.kombu_broker import CONTROLS_QUEUE, KombuBroker
+    from qcluster.errors import BrokerUnavailable
+
+    tag = uuid.uuid4().hex[:8]
+    broker, stalled = open_broker(rabbitmq_url), open_broker(rabbitmq_url)
+    assert isinstance(stalled, KombuBroker)
+    store = ControlStore(broker)
+    paused = Control(kind="pause", name=f"q-{tag}-1", by="ops", at=1.0)
+    drained = Control(kind="drain", name=f"h-{tag}-2", by="ops", at=2.0)
+    later = Control(kind="pause", name=f"q-{tag}-3", by="ops", at=3.0)
+    try:
+        store.set(paused)
+        store.set(drained)
+        stalled.ping()
+        reader = stalled.conn.channel()
+        assert reader.basic_get(CONTROLS_QUEUE, no_ack=False) is not None
+        with pytest.raises(BrokerUnavailable):
+            store.set(later)
+        reader.close()  # the reader lets go: its document comes back
+        assert mine(store.read(), tag) == {paused.key: paused, drained.key: drained}
+        store.set(later)  # now it is written on the whole document
+        assert mine(store.read(), tag) == {paused.key: paused, drained.key: drained,
+                                           later.key: later}
+        for control in (paused, drained, later):
+            store.clear(control.kind, control.name)
+    finally:
+        stalled.close()
+        broker.close()
