@@ -301,6 +301,8 @@ class ManagerService:
         read again, so an enqueue to a queue no app declares shows at the next round with
         its current count, not after BROKER_CHECK_INTERVAL_S. While there is nothing to
         show this costs one listing a round (Redis: one SMEMBERS)."""
+        if getattr(self.broker, "cluster", False):
+            return  # a Redis Cluster lists its queues by scanning every master: 60 s it is
         with self.lock:
             declared = set(self.state.policies(self.clock()))
             listed = list(self.state.undeclared)

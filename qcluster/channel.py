@@ -7,6 +7,7 @@ waits on its master, and a master never waits on a slow slot.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import socket
 import struct
@@ -123,7 +124,9 @@ class Channel(Generic[In]):
             return True
         except BlockingIOError:
             return False  # peer not reading: a counter update is not worth blocking for
-        except OSError:
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                return False  # this message is too big to send; the peer is still there
             self.closed = True
             return False
 

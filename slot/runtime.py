@@ -98,7 +98,7 @@ class SlotRunner:
         (each suspect runs alone without re-reading its batch-mates every time)."""
         self._pending = Settlement()
         """Outcomes of the last batch, settled with the next take (see step)."""
-        self._progress = channel.progress if channel is not None else None
+        self._progress = getattr(channel, "progress", None)
         """Shared with the master: how far this slot got through its take (None: not
         followed, e.g. no master or a broker whose locks only this process can settle)."""
         if not broker.settles_for_others:
@@ -401,7 +401,7 @@ class SlotRunner:
         logger.info("slot %s: gave back a dead slot's jobs of %s: %d unstarted, %d "
                     "crashed, %d dead, %d acked, %d retried", self.slot_label, command.queue,
                     len(settlement.release), len(settlement.crashed), len(settlement.dead),
-                    len(settlement.ack), len(settlement.postpone))
+                    len(settlement.ack_held), len(settlement.postpone))
 
     def _run_handler(self, jobs: list[Job]) -> float:
         started = time.perf_counter()

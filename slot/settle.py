@@ -94,9 +94,11 @@ def give_back_settlement(
     for job_id, attempts, activate_at, state in jobs:
         delivery = Delivery(job_id, b"", attempts, activate_at, now, JSON_CONTENT_TYPE, receipt)
         if state == Progress.DONE:
-            settlement.ack.append(delivery)
+            settlement.ack_held.append(delivery)
         elif state == Progress.UNSTARTED:
             settlement.release.append(delivery)
+        elif state == Progress.RUNNING and policy.on_error == "lock":
+            continue  # the policy keeps failing jobs locked: it returns at lock expiry
         elif state == Progress.RUNNING and attempts >= limit:
             settlement.dead.append((delivery, f"its slot died while running it, {attempts} "
                                     f"times (max_attempts {limit})"))

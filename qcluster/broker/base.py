@@ -135,6 +135,10 @@ class Settlement:
     """Jobs whose slot died while running them (given back by its master, see
     :attr:`Broker.settles_for_others`): the attempt is counted, the job is marked
     suspect (run alone next time) and is ready again at once."""
+    ack_held: list[Delivery] = field(default_factory=list)
+    """Acked only while the lock they were taken with is still held: a master settling
+    the finished jobs of a slot that died (after a lock expiry another slot may be
+    running the job: it settles it itself)."""
     refused: list[tuple[Delivery, str]] = field(default_factory=list)
     """Dead-lettered without running, each with its reason: the take that found it was
     not an attempt (a job taken more often than ``max_attempts`` because its slots died
@@ -145,7 +149,7 @@ class Settlement:
 
     def __len__(self) -> int:
         return (len(self.ack) + len(self.postpone) + len(self.dead) + len(self.release)
-                + len(self.crashed) + len(self.refused))
+                + len(self.crashed) + len(self.refused) + len(self.ack_held))
 
 
 class Broker(ABC):

@@ -187,7 +187,7 @@ class KombuBroker(Consuming):
         ]
         if dead:
             self._send(queue, dead, 0.0, dead=settlement.retention or self._retention)
-        done = [d for d in settlement.ack if live(d)]
+        done = [d for d in settlement.ack + settlement.ack_held if live(d)]
         done += [d for d, _ in settlement.postpone if live(d)]
         done += [d for d, _, _ in dead_now if live(d)]
         done += released + crashed

@@ -537,13 +537,16 @@ class RedisBroker(Broker):
             args += (_wire_id(delivery.id), delivery.receipt, str(reason))
         for delivery in settlement.release:
             args += (_wire_id(delivery.id), delivery.receipt, _activate_ms(delivery.activate_at))
-        if settlement.crashed or settlement.refused:  # sections older callers leave out
+        if settlement.crashed or settlement.refused or settlement.ack_held:  # appended
             args.append(len(settlement.crashed))
             for delivery in settlement.crashed:
                 args += (_wire_id(delivery.id), delivery.receipt)
             args.append(len(settlement.refused))
             for delivery, reason in settlement.refused:
                 args += (_wire_id(delivery.id), delivery.receipt, str(reason))
+            args.append(len(settlement.ack_held))
+            for delivery in settlement.ack_held:
+                args += (_wire_id(delivery.id), delivery.receipt)
         return args
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from qcluster import App, Job
 
@@ -18,7 +19,7 @@ app = App("crash-attempts")
 def record(kind: str, job: Job) -> None:
     """One line per event, written before anything else happens (a crash follows)."""
     line = json.dumps({"event": kind, "id": job.id, "attempt": job.attempts,
-                       "pid": os.getpid()}) + "\n"
+                       "pid": os.getpid(), "t": time.monotonic()}) + "\n"
     fd = os.open(f"{LOG_DIR}/runs-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         os.write(fd, line.encode())

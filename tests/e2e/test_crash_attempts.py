@@ -12,6 +12,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,16 +44,19 @@ def procs(tmp_path: Path, prefix: str, logs: Path) -> Iterator[Procs]:
     running.stop_all()
 
 
-def events(logs: Path) -> dict[str, list[dict[str, object]]]:
-    """Each job's start and finish lines, in the order written."""
-    by_job: dict[str, list[dict[str, object]]] = defaultdict(list)
-    for path in sorted(logs.glob("runs-*.log")):
+def events(logs: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each job's start and finish lines, in time order (CLOCK_MONOTONIC is system-wide;
+    each slot writes its own file)."""
+    by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for path in logs.glob("runs-*.log"):
         for line in path.read_text().splitlines():
             try:
                 event = json.loads(line)
             except ValueError:
                 continue  # a line cut by the crash
             by_job[str(event["id"])].append(event)
+    for seen in by_job.values():
+        seen.sort(key=lambda event: float(event["t"]))
     return by_job
 
 

@@ -8,7 +8,8 @@
 --       then n_dead triples (id, lock_until_ms, reason),
 --       then n_release triples (id, lock_until_ms, activate_ms),
 --       then n_crashed and n_crashed pairs (id, lock_until_ms),
---       then n_refused and n_refused triples (id, lock_until_ms, reason).
+--       then n_refused and n_refused triples (id, lock_until_ms, reason),
+--       then n_ack_held and n_ack_held pairs (id, lock_until_ms).
 -- Postpone, dead and release apply only while the caller still holds the lock (its
 -- lock_until matches): a slot whose lock expired must not move a job another slot now
 -- runs. Postpone and dead count the take in the attempts hash (take.lua reads it); a
@@ -108,6 +109,18 @@ for _ = 1, n_refused do
     redis.call('HSET', KEYS[4], id, math.abs(before))
     settled = settled + 1
     died = died + 1
+  end
+end
+-- Appended too: ack_held pairs (id, lock_until), acked only while that lock is held.
+local n_ack_held = tonumber(ARGV[i]) or 0
+i = i + 1
+for _ = 1, n_ack_held do
+  local id, lock_until = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  if holds_lock(id, lock_until) then
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('HDEL', KEYS[4], id)
+    settled = settled + redis.call('HDEL', KEYS[3], id)
   end
 end
 if released > 0 then
