@@ -8,7 +8,6 @@ keeps the scroll position.
 
 from __future__ import annotations
 
-import datetime
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from qcluster.admin_ui.source import (
 )
 from qcluster.admin_ui.views import age, history_charts, mib, sort_queues
 from qcluster.broker.health import BrokerHealth
-from qcluster.controls import Control
+from qcluster.controls import Control, utc_text
 from qcluster.errors import InvalidQueueName
 from qcluster.names import check_queue_name
 from qcluster.periodic import PeriodicJobView
@@ -113,8 +112,9 @@ def _broker_nodes(source: ClusterSource) -> BrokerHealth | None:
 
 
 def _utc(at: float) -> str:
-    """'2026-11-24 03:10:05 UTC': when a control was set, as an operator compares it."""
-    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    """'2026-11-24 03:10:05 UTC': when a control was set, as an operator compares it (a
+    value no date can show is shown as the number: the page never fails on it)."""
+    return utc_text(at)
 
 
 def _unknown_queue(request: Request, name: str) -> Response:

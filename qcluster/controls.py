@@ -8,16 +8,22 @@ it, ``qcluster pause|resume|drain|undrain`` change it through the manager's API.
 
 from __future__ import annotations
 
+import datetime
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 #: pause: the queue gets no slot; drain: the host gets no slot (its slots move elsewhere).
 ControlKind = Literal["pause", "drain"]
 KINDS: tuple[ControlKind, ...] = ("pause", "drain")
 #: Shown as "by" for the unnamed ``token`` (named ones show their name, never the secret).
 UNNAMED_TOKEN = "token"
+#: The latest ``at`` a control may carry (year 2096): the broker's data is not trusted, and
+#: a larger or non-finite value cannot be shown as a date.
+MAX_AT = 4e9
+#: Unix seconds as a stored control's ``at``: finite, in [0, MAX_AT].
+Timestamp = Annotated[float, Field(ge=0, le=MAX_AT, allow_inf_nan=False)]
 
 
 class Control(BaseModel):
@@ -29,8 +35,9 @@ class Control(BaseModel):
     name: str
     by: str
     """The name of the token that set it (never its value)."""
-    at: float
-    """Wall-clock unix seconds, the manager's clock when it was set."""
+    at: Timestamp
+    """Wall-clock unix seconds, the manager's clock when it was set (an entry in the
+    broker outside [0, MAX_AT], or not finite, is not a control: skipped)."""
 
     @property
     def key(self) -> str:
@@ -43,6 +50,15 @@ class Control(BaseModel):
 
 def control_key(kind: ControlKind, name: str) -> str:
     return f"{kind}:{name}"
+
+
+def utc_text(at: float, fmt: str = "%Y-%m-%d %H:%M:%S UTC") -> str:
+    """``at`` (unix seconds) as UTC text; a value no date can show (NaN, far future: data
+    from elsewhere) is shown as the number, never an error."""
+    try:
+        return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime(fmt)
+    except (ValueError, OverflowError, OSError, TypeError):
+        return repr(at)
 
 
 def parse_stored(key: str, value: bytes) -> Control | None:

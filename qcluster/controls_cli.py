@@ -12,7 +12,6 @@ broker did not store the change: 503); 11 the manager refused the token (401).
 
 from __future__ import annotations
 
-import datetime
 import json
 from typing import Annotated, Any, NoReturn
 
@@ -23,6 +22,7 @@ from rich.table import Table
 
 from qcluster import exitcodes
 from qcluster.cli_support import ConfigOpt, err, out, settings_for, user_errors
+from qcluster.controls import utc_text
 from qcluster.errors import ConfigError
 from qcluster.names import check_queue_name
 
@@ -79,10 +79,16 @@ def controls(
         return
     table = Table("control", "name", "by", "since (UTC)")
     for row in rows:
-        since = datetime.datetime.fromtimestamp(float(row["at"]), datetime.UTC)
         table.add_row(escape(str(row["kind"])), escape(str(row["name"])), escape(str(row["by"])),
-                      since.strftime("%Y-%m-%d %H:%M:%S"))
+                      escape(_since(row.get("at"))))
     out.print(table)
+
+
+def _since(at: Any) -> str:
+    """A control's ``at`` as UTC text; anything else the manager sent is shown as it is."""
+    if isinstance(at, int | float) and not isinstance(at, bool):
+        return utc_text(float(at), "%Y-%m-%d %H:%M:%S")
+    return str(at)
 
 
 def _name(name: str) -> str:

@@ -124,3 +124,28 @@ def test_a_change_the_broker_did_not_store_exits_10_and_changes_nothing(
     assert code == MANAGER_UNREACHABLE
     assert "503" in output and "did not store" in output
     assert "cli-queue-5" not in manager.service.state.paused
+
+
+def test_a_stored_control_with_an_impossible_time_is_skipped(manager: Served,
+                                                             redis_url: str) -> None:
+    """The broker's data is not trusted: an entry whose ``at`` is NaN or far in the future
+    (another program's write) is no control. Before, it was kept: GET /api/v1/controls
+    answered 500 (NaN is no JSON), ``qcluster controls`` failed, the admin page too."""
+    import redis
+
+    from qcluster.broker.redis_broker import CONTROLS_KEY
+
+    raw = redis.Redis.from_url(redis_url)
+    bad = {"pause:cli-nan": '{"by": "x", "at": NaN}', "pause:cli-far": '{"by": "x", "at": 1e300}'}
+    for key, value in bad.items():
+        raw.hset(CONTROLS_KEY, key, value)
+    try:
+        assert run("pause", "cli-good", "--manager", manager.url)[0] == 0
+        manager.service.read_controls()  # a round reads the broker's controls
+        code, output = run("controls", "--json", manager_url=manager.url)
+        assert code == 0, output
+        assert [c["name"] for c in json.loads(output)] == ["cli-good"]
+        assert run("resume", "cli-good", manager_url=manager.url)[0] == 0
+    finally:
+        raw.hdel(CONTROLS_KEY, *bad)
+        raw.close()

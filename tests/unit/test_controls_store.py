@@ -4,6 +4,7 @@ writers at once lose nothing), and the stored form (any bytes are read without a
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from qcluster.broker import open_broker
 from qcluster.broker.base import Broker
-from qcluster.controls import Control, parse_stored
+from qcluster.controls import MAX_AT, Control, parse_stored, utc_text
 from qcluster.manager.controls import ControlStore
 
 
@@ -92,6 +93,18 @@ def test_any_stored_entry_is_a_control_or_skipped(key: str, value: bytes) -> Non
     control = parse_stored(key, value)
     if control is not None:
         assert control.key == key and control.kind in ("pause", "drain")
+
+
+@given(at=st.floats(allow_nan=True, allow_infinity=True))
+def test_a_stored_time_is_a_finite_date_or_the_entry_is_skipped(at: float) -> None:
+    """The broker's data is not trusted: ``at`` must be finite within [0, MAX_AT], so that
+    every control in force can be shown (as JSON and as a date) without an error."""
+    control = parse_stored("pause:q", json.dumps({"by": "ops", "at": at}).encode())
+    if control is None:
+        assert not 0 <= at <= MAX_AT  # NaN compares False too
+    else:
+        assert control.at == at and utc_text(control.at)[:2] in ("19", "20")
+    assert isinstance(utc_text(at), str)  # any number is shown, never an error
 
 
 @given(name=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,40}", fullmatch=True),
