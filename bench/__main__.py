@@ -1,7 +1,7 @@
 """`make bench`: every suite in one run, systems alternating (A B C A B C ...), medians.
 
     python -m bench [--quick]
-                    [--only consume,enqueue,host,planner,simulator,memory,latency,async]
+                    [--only consume,enqueue,host,planner,simulator,memory,latency,async,shards]
                     [--repeat N] [--jobs N] [--peer-jobs N] [--no-peers]
 
 The peers (Celery, Dramatiq, RQ, arq) are installed on first use into bench/.peers/<name>.
@@ -20,12 +20,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import async_bench, consume, master_bench, peer_runs, planner_bench, sim_bench, suites
+from bench import (
+    async_bench,
+    consume,
+    master_bench,
+    peer_runs,
+    planner_bench,
+    shards_bench,
+    sim_bench,
+    suites,
+)
 from bench.common import ROOT, STATE_DIR, summary, versions
 
 RESULTS = ROOT / "bench" / "results"
 QCLUSTER_MEMORY = "qcluster master --slots Q=8"
-SUITES = ("consume", "enqueue", "host", "planner", "simulator", "memory", "latency", "async")
+SUITES = ("consume", "enqueue", "host", "planner", "simulator", "memory", "latency", "async",
+          "shards")
 
 
 def alternate(systems: dict[str, Callable[[], float]], repeat: int) -> dict[str, Any]:
@@ -110,6 +120,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     lat = results.get("latency")
     if lat:
         check("enqueue-to-start p99 with idle slots", lat["p99_ms"], 50, "ms", lower=True)
+    shards = results.get("shards")
+    if shards:
+        one, many = shards["median"].values()
+        check(f"{shards_bench.SHARDS}-shard Redis Cluster vs one Redis, whole host, 6 queues: "
+              f"jobs/s ratio (broker CPU share {many['broker_cpu_share']} vs "
+              f"{one['broker_cpu_share']} of a core)", shards["gain"], None)
     aio = results.get("async")
     if aio and async_bench.ARQ_ROW in aio:
         check("async handler, 10 ms await per job, batch/concurrency 100 vs arq max_jobs 100",
@@ -131,7 +147,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines += _rate_table(suite, results[suite])
     if "memory" in results:
         lines += _memory_table(results["memory"])
-    for suite in ("host", "planner", "simulator", "latency"):
+    for suite in ("host", "planner", "simulator", "latency", "shards"):
         if suite in results:
             lines += [f"## {suite}", "", "```json", json.dumps(results[suite], indent=2), "```",
                       ""]
@@ -243,13 +259,18 @@ def _suites(args: argparse.Namespace, repeat: int, jobs: int, peer_jobs: int, pe
         print("latency:", flush=True)
         return suites.latency(seconds=5.0 if args.quick else 10.0)
 
+    def shards_suite() -> dict[str, Any]:
+        print(f"whole host on a {shards_bench.SHARDS}-shard Redis Cluster vs one Redis:",
+              flush=True)
+        return shards_bench.run(10.0 if args.quick else 20.0, repeat)
+
     def async_suite() -> dict[str, Any]:
         print("async handlers, 10 ms await per job, one process:", flush=True)
         return alternate(async_bench.systems(peer_jobs, peers), repeat)
 
     return {"consume": consume_suite, "enqueue": enqueue_suite, "host": host_suite,
             "planner": planner_bench.run, "simulator": sim_bench.run, "memory": memory_suite,
-            "latency": latency_suite, "async": async_suite}
+            "latency": latency_suite, "async": async_suite, "shards": shards_suite}
 
 
 def rerender() -> None:
