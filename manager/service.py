@@ -58,7 +58,6 @@ class ManagerService:
                  tokens: dict[str, str] | None = None) -> None:
         self.state = state
         self.broker = broker
-        self.token = token
         self.clock = clock
         self.recorder = recorder
         """``--record``: writes what each round observed."""
@@ -291,7 +290,8 @@ class ManagerService:
             declared = list(self.state.policies(self.clock()))
         try:
             with self.broker_lock:
-                self.broker_health = read_health(self.broker, declared, self.clock)
+                self.broker_health = read_health(self.broker, declared, self.clock,
+                                                 known_problem=self.broker_problem)
         except Exception:  # the page's table must not stop a round
             logger.exception("reading the broker's node health failed")
 

@@ -69,8 +69,13 @@ class BrokerHealth(BaseModel):
 
 
 def read_health(broker: Broker, queues: Iterable[str],
-                clock: Callable[[], float] = time.time) -> BrokerHealth:
-    """Read the health of ``broker``'s nodes and the node of each of ``queues``."""
+                clock: Callable[[], float] = time.time,
+                known_problem: str | None = None) -> BrokerHealth:
+    """Read the health of ``broker``'s nodes and the node of each of ``queues``.
+
+    ``known_problem``: why the caller's last broker read failed (None: it succeeded). A
+    one-server broker is then shown down with it, without a ping (whose retries would cost
+    seconds more while the server is away)."""
     names = sorted(set(queues))
     from qcluster.broker.redis_broker import RedisBroker
 
@@ -78,16 +83,19 @@ def read_health(broker: Broker, queues: Iterable[str],
         return _cluster_health(broker, names, clock())
     if isinstance(broker, RedisBroker) and _sentinel_pool(broker) is not None:
         return _sentinel_health(broker, names, clock())
-    return _single_health(broker, names, clock())
+    return _single_health(broker, names, clock(), known_problem)
 
 
 # --- one server --------------------------------------------------------------------------
 
 
-def _single_health(broker: Broker, queues: list[str], now: float) -> BrokerHealth:
+def _single_health(broker: Broker, queues: list[str], now: float,
+                   known_problem: str | None) -> BrokerHealth:
     address = str(getattr(broker, "safe_url", "") or type(broker).__name__)
     kind = "redis" if address.startswith(("redis", "unix")) else type(broker).__name__
     try:
+        if known_problem is not None:
+            raise BrokerError(known_problem)
         broker.ping()
         node = NodeHealth(address=address, role="server", ok=True)
     except BrokerError as exc:
@@ -177,17 +185,18 @@ def _sentinel_health(broker: Any, queues: list[str], now: float) -> BrokerHealth
     sentinels = []
     master: dict[str, Any] | None = None
     replicas: list[dict[str, Any]] = []
-    for client in pool.sentinel_manager.sentinels:
-        kwargs = client.get_connection_kwargs()
+    for known in pool.sentinel_manager.sentinels:
+        kwargs = known.get_connection_kwargs()
         address = f"{kwargs['host']}:{kwargs['port']}"
-        try:
-            if master is None:
-                master = client.sentinel_master(service)
-                replicas = client.sentinel_slaves(service)
-            else:
-                client.ping()
+        try:  # a client of our own: a short timeout and no retry
+            with _node_client(address, _credentials(kwargs)) as client:
+                if master is None:
+                    master = client.sentinel_master(service)
+                    replicas = client.sentinel_slaves(service)
+                else:
+                    client.ping()
             sentinels.append(NodeHealth(address=address, role="sentinel", ok=True))
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, OSError, ValueError) as exc:
             sentinels.append(NodeHealth(address=address, role="sentinel", ok=False,
                                         error=_short(exc)))
     if master is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -168,3 +168,23 @@ def test_each_queue_maps_to_the_range_holding_its_hash_slot(
     for queue, address in found.items():
         [(start, end)] = ranges[address]
         assert start <= key_slot(f"qc:{{{queue}}}:ready".encode()) <= end
+
+
+def test_one_server_down_then_back_follows_the_rounds() -> None:
+    """A one-server broker that stops answering shows down at the next round with the
+    round's own error, and ok again at the round after it answers."""
+    from tests.unit.test_manager_service import FakeBroker
+
+    fake = FakeBroker()
+    service = _service(cast(Broker, fake))
+    health = service.broker_nodes()
+    assert health is not None and [n.ok for n in health.nodes] == [True]
+    fake.down = "Redis at redis://10.0.0.9:6379/0 unreachable: connection refused"
+    service.round()
+    health = service.broker_nodes()
+    assert health is not None and not health.nodes[0].ok
+    assert health.nodes[0].error is not None and "connection refused" in health.nodes[0].error
+    fake.down = None
+    service.round()
+    health = service.broker_nodes()
+    assert health is not None and health.nodes[0].ok
