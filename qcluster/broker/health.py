@@ -33,6 +33,9 @@ from qcluster.errors import BrokerError
 NODE_TIMEOUT_S = 1.0
 #: An error shown on a node's row is cut to this many characters.
 ERROR_CHARS = 200
+#: A one-server broker's kind, by its URL's scheme.
+_ONE_SERVER_KINDS = (("embedded", "embedded"), ("redis", "redis"), ("unix", "redis"),
+                     ("amqp", "rabbitmq"))
 
 
 class NodeHealth(BaseModel):
@@ -59,7 +62,8 @@ class BrokerHealth(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: str
-    """``redis``, ``redis-cluster``, ``redis-sentinel`` or the broker class's name."""
+    """``redis``, ``redis-cluster``, ``redis-sentinel``, ``embedded``, ``rabbitmq`` (else the
+    broker class's name)."""
     checked_at: float
     nodes: list[NodeHealth] = Field(default_factory=list)
     queue_nodes: dict[str, str] = Field(default_factory=dict)
@@ -92,7 +96,8 @@ def read_health(broker: Broker, queues: Iterable[str],
 def _single_health(broker: Broker, queues: list[str], now: float,
                    known_problem: str | None) -> BrokerHealth:
     address = str(getattr(broker, "safe_url", "") or type(broker).__name__)
-    kind = "redis" if address.startswith(("redis", "unix")) else type(broker).__name__
+    kind = next((name for prefix, name in _ONE_SERVER_KINDS if address.startswith(prefix)),
+                type(broker).__name__)
     try:
         if known_problem is not None:
             raise BrokerError(known_problem)

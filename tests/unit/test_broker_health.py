@@ -188,3 +188,17 @@ def test_one_server_down_then_back_follows_the_rounds() -> None:
     service.round()
     health = service.broker_nodes()
     assert health is not None and health.nodes[0].ok
+
+
+def test_embedded_and_rabbitmq_are_one_row_each(embedded_url: str, rabbitmq_url: str) -> None:
+    for url, kind in ((embedded_url, "embedded"), (rabbitmq_url, "rabbitmq")):
+        broker = open_broker(url)
+        try:
+            health = read_health(broker, ["alpha"])
+            assert health.kind == kind
+            [node] = health.nodes
+            assert node.ok and node.role == "server", node
+            assert health.queue_nodes == {"alpha": node.address}
+            assert "guest:guest" not in node.address  # the URL's password is masked
+        finally:
+            broker.close()
