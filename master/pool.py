@@ -26,7 +26,7 @@ from qcluster.master.slots import (
     give_back,
     on_message,
 )
-from qcluster.messages import BatchDone, GiveBack, SlotHello, StopSlot, SwitchQueue
+from qcluster.messages import BatchDone, GiveBack, Progress, SlotHello, StopSlot, SwitchQueue
 
 #: Give-back parts kept while no live slot can take them (older ones are dropped: their
 #: jobs come back when their locks expire, as without a master).
@@ -116,7 +116,7 @@ class SlotPool:
         self.receive(pid, now)  # its last packets (counters of its last batches)
         del self.slots[slot.slot_no]
         reason = decode_exit(slot, code, master_stopping=master_stopping)
-        self._keep_give_back(slot, reason, pid)
+        ran_a_job = self._keep_give_back(slot, reason, pid)
         self.effects.forget(pid)
         metrics.mark_slot_dead(slot.slot_no)
         logger.info("slot %d (pid %d, %s) exited with %d%s", slot.slot_no, pid, slot.queue,
@@ -124,6 +124,11 @@ class SlotPool:
         if reason is None:
             return
         self.counters.count_restart(slot.queue, reason)
+        if ran_a_job:
+            # A job killed it, and is charged for it: the queue's slots are not crash-looping
+            # (its restart waits the base delay, as after a completed batch). A poison-only
+            # queue otherwise waited up to 60 s a restart, no batch ever completing there.
+            self.backoff.on_batch_done(slot.queue)
         fatal = self.backoff.on_restart(slot.queue, reason, now)
         if fatal:
             logger.error("queue %s is fatal on this host: %s", slot.queue, fatal)
@@ -138,12 +143,14 @@ class SlotPool:
         return len(ended)
 
     def _keep_give_back(self, slot: SlotRecord, reason: RestartReason | None,
-                        pid: int) -> None:
+                        pid: int) -> bool:
         """A slot that died holding a take: keep what to settle for it, in parts that fit
-        one packet each."""
+        one packet each. True when it died running a job (the job is charged for it)."""
         order = give_back(reason, self.effects.last_take(pid))
-        if order is not None:
-            self.give_backs = [*self.give_backs, *_in_packets(order)][-MAX_PENDING_GIVE_BACKS:]
+        if order is None:
+            return False
+        self.give_backs = [*self.give_backs, *_in_packets(order)][-MAX_PENDING_GIVE_BACKS:]
+        return any(job[3] == Progress.RUNNING for job in order.jobs)
 
     def hand_over_give_backs(self) -> None:
         """Send each waiting give-back to a live slot (idle first), which settles it on

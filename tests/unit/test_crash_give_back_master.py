@@ -1,0 +1,46 @@
+"""Issue 16 F14 in the master's loop (the component harness of test_master_component.py):
+a slot that dies running a job has its take handed to a live slot as a give-back, and its
+restart waits the base delay however often that happens (the job is charged for it; a
+poison-only queue never completes a batch that would reset the backoff)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qcluster.job import Delivery
+from qcluster.messages import Progress
+from tests.unit.test_master_component import Harness, Q, harness, make_app, started
+
+
+def die_running_a_job(h: Harness, pid: int) -> None:
+    """The slot ``pid`` took two jobs, runs the first, and dies of it (os._exit(70))."""
+    progress = h.ends[pid].progress
+    assert progress is not None
+    deliveries = [Delivery(job_id, b"", 1, 1e9, 1e9, "application/json", 42)
+                  for job_id in ("poison", "innocent")]
+    assert progress.begin(1, Q, 42, deliveries)
+    progress.states[0] = Progress.RUNNING
+    h.exit(pid, 70)
+
+
+def test_a_slot_dead_of_a_job_gives_its_take_back_and_restarts_after_the_base_delay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for h in harness(monkeypatch, make_app(Q), {Q: 2}, heartbeat_timeout_s=10_000.0):
+        victim, survivor = started(h)
+        delays = []
+        for _ in range(3):
+            die_running_a_job(h, victim)
+            h.step()
+            assert "give_back" in h.received(survivor)
+            forks, waited = len(h.os.forks), 0.0
+            while len(h.os.forks) == forks:
+                h.step(0.25)
+                waited += 0.25
+                assert waited < 120
+            delays.append(waited)
+            victim = h.os.forks[-1]
+            h.hello(victim)
+            h.step()
+        assert delays == [0.5, 0.5, 0.5]  # a crash of its own doubles it: 0.5, 1, 2
+        assert h.restarts() == {(Q, "crash"): 3}
