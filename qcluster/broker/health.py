@@ -2,7 +2,8 @@
 which one serves each queue (issue 17 item 5; shown by the manager and the admin page).
 
 - Redis Cluster: one ``CLUSTER NODES`` from the first node that answers (every master and
-  replica, their flags and hash slots), then a ``PING`` to each node; a queue's node is the
+  replica, their flags and hash slots), then a ``PING`` to each node (down: no answer in
+  ``NODE_TIMEOUT_S``, or flagged ``fail`` by the cluster); a queue's node is the
   master whose slot ranges hold the slot of its hash tag ``{NAME}`` (computed here with
   redis-py's ``key_slot``, no round trip).
 - Redis Sentinel: each Sentinel's view of the master and its replicas (``SENTINEL MASTER``
@@ -152,8 +153,8 @@ def _cluster_node(address: str, info: dict[str, Any], ids: dict[str, str],
     flags = set(str(info["flags"]).split(","))
     role = "master" if "master" in flags else "replica" if "slave" in flags else "node"
     error = _ping(address, credentials)
-    if error is None and flags & {"fail", "fail?"}:
-        error = "the cluster marks it failing (" + ",".join(sorted(flags & {"fail", "fail?"})) + ")"
+    if error is None and "fail" in flags:  # agreed by the masters; "fail?" is one node's doubt
+        error = "the cluster marks it failed (it answers us, not its peers)"
     return NodeHealth(
         address=address, role=role, ok=error is None, error=error,
         slots=",".join(f"{s}-{e}" if s != e else str(s) for s, e in _slot_ranges(info)),

@@ -35,14 +35,23 @@ class Served:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    cluster = PrivateRedisCluster(tmp_path / "cluster", node_timeout_ms=2000)
+    cluster = PrivateRedisCluster(tmp_path / "cluster",
+                                 node_timeout_ms=5000)  # no spurious failover under load
     try:
         cluster.start()
     except BrokerUnavailable as error:
         pytest.fail(str(error), pytrace=False)
     broker = open_broker(cluster.url)
     service = ManagerService(state(), broker, "browser-broker-5e1f")
+    reporting = threading.Event()
+
+    def keep_reporting() -> None:  # a live host: its queues stay declared
+        while not reporting.wait(0.5):
+            service.receive(report("h1", {}, queues={q: make_policy() for q in QUEUES}))
+
     service.receive(report("h1", {}, queues={q: make_policy() for q in QUEUES}))
+    reporter = threading.Thread(target=keep_reporting, daemon=True)
+    reporter.start()
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port,
                                            log_level="warning"))
@@ -52,6 +61,8 @@ def served(tmp_path: Path) -> Iterator[Served]:
     try:
         yield Served(f"http://127.0.0.1:{port}", service, cluster)
     finally:
+        reporting.set()
+        reporter.join(timeout=10)
         server.should_exit = True
         thread.join(timeout=30)
         broker.close()

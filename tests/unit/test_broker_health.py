@@ -42,10 +42,14 @@ def _started(server: PrivateRedisCluster | PrivateRedisSentinel) -> None:
 def _service(broker: Broker) -> ManagerService:
     """A manager whose one host declares QUEUES, the broker checked once (as at start)."""
     service = ManagerService(state(), broker, "s3cret")
-    policies = {q: make_policy() for q in QUEUES}
-    service.receive(report("h1", {}, queues=policies))
+    _report(service)
     service.check_broker()
     return service
+
+
+def _report(service: ManagerService) -> None:
+    """The host reports (again): its queues stay declared while the test waits."""
+    service.receive(report("h1", {}, queues={q: make_policy() for q in QUEUES}))
 
 
 def _api_broker(service: ManagerService) -> dict[str, Any]:
@@ -58,7 +62,8 @@ def _api_broker(service: ManagerService) -> dict[str, Any]:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[PrivateRedisCluster]:
-    server = PrivateRedisCluster(tmp_path / "cluster", node_timeout_ms=2000)
+    server = PrivateRedisCluster(tmp_path / "cluster",
+                                 node_timeout_ms=5000)  # no spurious failover under load
     _started(server)
     try:
         yield server
@@ -86,6 +91,7 @@ def test_cluster_nodes_and_the_node_of_each_queue_then_a_killed_master_and_its_r
         old = cluster.master_of(f"qc:{{{victim_queue}}}:ready")
         old_address = f"127.0.0.1:{old.port}"
         old.kill()
+        _report(service)
         service.round()  # alpha's stats fail: the round reads the nodes again
         assert service.broker_problem is not None
         view = _api_broker(service)
@@ -93,6 +99,7 @@ def test_cluster_nodes_and_the_node_of_each_queue_then_a_killed_master_and_its_r
         assert not down["ok"] and down["error"], down
 
         def replica_took_over() -> bool:
+            _report(service)
             service.round()  # again each round while reads fail, and once after
             health = service.broker_nodes()
             return health is not None and health.queue_nodes.get(victim_queue) not in (
