@@ -34,6 +34,15 @@ def validated_manager_settings(settings: Settings, flags: dict[str, object]) -> 
         raise ConfigError(f"invalid manager option: {problems}") from None
 
 
+def check_named_tokens(settings: Settings) -> None:
+    """``[tokens]`` without the unnamed ``token`` is refused: masters report with
+    ``token`` only, and a manager that has named tokens requires one on reports, so every
+    master's report would be refused (its slots never planned)."""
+    if settings.tokens and not settings.token:
+        raise ConfigError("[tokens] is set without `token`: masters report with `token`; "
+                          "set it too (QCLUSTER_TOKEN or `token` in qcluster.toml)")
+
+
 def manager(
     config: ConfigOpt = None,
     broker: BrokerOpt = None,
@@ -75,6 +84,7 @@ def manager(
             update={"manager": validated_manager_settings(settings, overrides)})
         address = parse_listen(settings.manager.listen)
         check_server_security(address, settings.token, role="manager")
+        check_named_tokens(settings)
         broker_conn = open_configured_broker(settings)
         recorder = recorder_for(settings.manager, started_at=time.time())
         service = ManagerService(ClusterState(settings), broker_conn, settings.token,

@@ -58,7 +58,6 @@ class ManagerService:
                  tokens: dict[str, str] | None = None) -> None:
         self.state = state
         self.broker = broker
-        self.token = token
         self.clock = clock
         self.recorder = recorder
         """``--record``: writes what each round observed."""

@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     @classmethod
     def _named_tokens_are_strong(cls, value: dict[str, str]) -> dict[str, str]:
         for name, secret in value.items():
+            if name == "token":  # the unnamed `token` is shown by that name: it would win
+                raise ValueError('[tokens] name "token" is the unnamed `token`\'s: set '
+                                 "`token` itself, or give this one another name")
             if not name.strip() or not name.isprintable() or len(name) > 64:
                 raise ValueError(f"[tokens] name {json.dumps(name)}: 1 to 64 printable "
                                  "characters, it is shown on the admin page")
