@@ -116,6 +116,8 @@ class PeriodicLedger:
         for message in held:  # given back: the holder's writes replace them (length 1)
             channel.basic_reject(message.delivery_tag, requeue=True)
         self._held_on, self._channel = link, channel
+        if created:  # at once: an existing ledger without a document refuses every holder
+            self._write({})
         logger.info("this manager enqueues the periodic jobs (it holds %s)", LOCK_QUEUE)
         return True
 
