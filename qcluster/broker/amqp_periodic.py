@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import amqp
@@ -42,6 +43,8 @@ LEDGER_QUEUE = "qc~periodic.ledger"
 #: nothing this pass.
 EMPTY_LEDGER_TRIES = 10
 EMPTY_LEDGER_WAIT_S = 0.05
+#: After that, claims return False at once for this long (the ticker's next pass retries).
+HELD_LEDGER_BACKOFF_S = 0.9
 
 
 class PeriodicLedger:
@@ -57,6 +60,10 @@ class PeriodicLedger:
         self._channel: Any = None
         self._ticks: dict[str, int] = {}
         """The ledger as this holder last wrote or read it."""
+        self._held_elsewhere_until = 0.0
+        """Monotonic time before which no claim looks at the ledger again (it was held
+        elsewhere): a pass with many due ticks waits once, not once per tick."""
+        self._warned_held = False
 
     def claim(self, job: str, tick_ms: int) -> bool:
         if not self._hold():
@@ -98,6 +105,8 @@ class PeriodicLedger:
         if self._held_on is link and self._channel is not None and self._channel.is_open:
             return True
         self._held_on = self._channel = None
+        if time.monotonic() < self._held_elsewhere_until:
+            return False  # the ledger was held elsewhere a moment ago: not every claim waits
         probe = self.conn.channel()
         try:
             probe.queue_declare(LOCK_QUEUE, exclusive=True, durable=False, auto_delete=False)
@@ -110,8 +119,13 @@ class PeriodicLedger:
                                               EMPTY_LEDGER_WAIT_S)
         except DocumentHeld as exc:
             channel.close()
-            logger.warning("periodic jobs: no tick is claimed this pass: %s", exc)
+            self._held_elsewhere_until = time.monotonic() + HELD_LEDGER_BACKOFF_S
+            if not self._warned_held:
+                self._warned_held = True
+                logger.warning("periodic jobs: no tick is claimed until the ledger is back: "
+                               "%s", exc)
             return False
+        self._warned_held = False
         self._ticks = _latest(held)
         for message in held:  # given back: the holder's writes replace them (length 1)
             channel.basic_reject(message.delivery_tag, requeue=True)
