@@ -234,14 +234,18 @@ class ManagerService:
             queues = list(self.state.policies(self.clock()))
         stats = {}
         with self.broker_lock:
+            # One failed read makes the round's verdict: on a Redis Cluster the other
+            # shards answer, and a later queue's success must not hide a dead shard.
+            failed: BrokerError | None = None
             for queue in queues:
                 try:
                     stats[queue] = self.broker.stats(queue)
-                    self._broker_read()
                 except BrokerError as exc:
                     logger.warning("broker stats for %s failed: %s", queue, exc)
-                    self._broker_read(exc)
-            if not queues and self.broker_problem is not None:
+                    failed = failed or exc
+            if queues:
+                self._broker_read(failed)
+            elif self.broker_problem is not None:
                 try:  # nothing to read this round: is the broker back?
                     self.broker.ping()
                     self._broker_read()

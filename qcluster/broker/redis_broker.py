@@ -117,6 +117,8 @@ class RedisBroker(Broker):
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
         self.cluster = cluster
+        self._unanswered: list[str] = []
+        """Cluster masters that did not answer the last durability check."""
         self._stale_slot_map = False
         """A Cluster master did not answer or moved: refresh the slot map before the next
         replicated publish (that path talks to the master directly, see _server_for)."""
@@ -209,13 +211,31 @@ class RedisBroker(Broker):
                 raise
             except BrokerError:
                 pass  # INFO not allowed (managed Redis): the publish's error will say it
+        notes += [f"Redis at {self.safe_url}: master {where} does not answer: its durability "
+                  "is not checked (its shard's queues fail until a replica takes over)"
+                  for where in self._unanswered]
         return notes
 
     def _masters(self) -> list[redis.Redis]:
-        """Our server, or every master of a Cluster (each its own client)."""
+        """Our server, or every master of a Cluster that answers (each its own client).
+
+        A Cluster master that does not answer is left out (named in ``_unanswered``): its
+        shard's queues fail on their own until its replica is elected, while the other
+        shards serve theirs. Requiring every master made one dead node stop every queue of
+        a process started while it was down (the check runs before its first call)."""
         if not self.cluster:
             return [self.client]
-        return [node.redis_connection for node in cast(Any, self.client).get_primaries()]
+        answering, self._unanswered = [], []
+        for node in cast(Any, self.client).get_primaries():
+            try:
+                node.redis_connection.ping()
+            except _CONNECTION_ERRORS:
+                self._unanswered.append(f"{node.host}:{node.port}")
+                continue
+            answering.append(node.redis_connection)
+        if not answering:
+            raise redis.ConnectionError(f"no master answers ({', '.join(self._unanswered)})")
+        return answering
 
     def _short_of_replicas(self) -> list[str]:
         """A note per master with fewer connected replicas than a publish waits for."""

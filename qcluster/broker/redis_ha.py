@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote
 
 import redis
@@ -165,7 +165,7 @@ class LazyCluster:
 
     def register_script(self, script: str) -> Script:
         # Hashed here, loaded on the server at first call; it calls us as the cluster client.
-        return Script(self, script)  # type: ignore[arg-type]
+        return NodeScript(self, script)  # type: ignore[arg-type]
 
     def get_encoder(self) -> Encoder:
         """Script hashes its text with this, before anything is connected."""
@@ -185,6 +185,21 @@ class LazyCluster:
             except RedisClusterException as exc:  # no node answered
                 raise redis.ConnectionError(str(exc)) from exc
         return self._client
+
+
+class NodeScript(Script):
+    """A script run on the node that holds its keys: EVALSHA there, and on NOSCRIPT, EVAL
+    there (which also caches it on that node). redis-py's Script loads a missing script
+    with SCRIPT LOAD on every master, which fails while any one of them is down: one dead
+    shard then stopped every script of a process, on the live shards too."""
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        keys, args = list(keys or ()), list(args or ())
+        target = client if client is not None else self.registered_client
+        try:
+            return target.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return target.eval(cast(str, self.script), len(keys), *keys, *args)
 
 
 def cluster_retry(retries: int) -> Retry:
