@@ -13,16 +13,26 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
+import typer.main
 import yaml
 
+from qcluster.broker.amqp_topology import split_queue_type
+from qcluster.broker.redis_ha import parse_ha_url
+from qcluster.cli import cli, register_commands
+from qcluster.config import Settings, load_settings
 from qcluster.errors import ConfigError
 from qcluster.security import check_server_security, parse_listen
 from tests.conftest import IN_CI, ROOT
@@ -94,8 +104,22 @@ def k8s_documents() -> list[tuple[Path, dict[str, Any]]]:
     return docs
 
 
+def k8s_schemas() -> dict[str, Any]:
+    """schemas.json, plus the kinds of the overlays (a StatefulSet and a Job: a Deployment's
+    pod template under another kind)."""
+    schemas: dict[str, Any] = json.loads((Path(__file__).parent / "schemas.json").read_text())
+    stateful_set = copy.deepcopy(schemas["Deployment"])
+    stateful_set["properties"]["kind"] = {"const": "StatefulSet"}
+    stateful_set["properties"]["spec"]["required"].append("serviceName")
+    job = copy.deepcopy(schemas["Deployment"])
+    job["properties"]["apiVersion"] = {"const": "batch/v1"}
+    job["properties"]["kind"] = {"const": "Job"}
+    job["properties"]["spec"]["required"] = ["template"]
+    return {**schemas, "StatefulSet": stateful_set, "Job": job}
+
+
 def test_kubernetes_manifests_parse_and_match_the_schemas() -> None:
-    schemas = json.loads((Path(__file__).parent / "schemas.json").read_text())
+    schemas = k8s_schemas()
     kinds = set()
     for path, doc in k8s_documents():
         kind = doc.get("kind")
@@ -181,3 +205,225 @@ def test_dockerfile_is_multistage_and_unprivileged() -> None:
     users = [line for line in lines if line.startswith("USER ")]
     assert len(stages) >= 2
     assert users and users[-1].split()[1] not in ("root", "0")
+
+
+# --- Redis Cluster and RabbitMQ quorum examples (issue 17 item 7) ----------------------------
+
+COMPOSE = DEPLOY / "compose"
+OVERLAYS = DEPLOY / "k8s" / "overlays"
+COMPOSE_OVERRIDES = ("compose.redis-cluster.yaml", "compose.rabbitmq-quorum.yaml")
+#: Environment variables a user sets for the examples (never a value in the files).
+SECRET_VARS = ("QCLUSTER_REDIS_PASSWORD", "QCLUSTER_RABBITMQ_PASSWORD", "QCLUSTER_RABBITMQ_COOKIE",
+               "QCLUSTER_TOKEN")
+
+
+def compose_file(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((COMPOSE / name).read_text())
+    return loaded
+
+
+def _depends(service: dict[str, Any]) -> dict[str, Any]:
+    depends = service.get("depends_on", {})
+    return {name: {} for name in depends} if isinstance(depends, list) else dict(depends)
+
+
+def merged_services(override: str) -> dict[str, dict[str, Any]]:
+    """compose.yaml with ``override`` on top, by compose's merge rules for the keys the
+    examples use: mappings (environment, depends_on) merge, other keys are replaced."""
+    services = copy.deepcopy(compose_file("compose.yaml")["services"])
+    for name, extra in compose_file(override)["services"].items():
+        service = services.setdefault(name, {})
+        for key, value in extra.items():
+            if key == "environment":
+                service[key] = {**service.get(key, {}), **value}
+            elif key == "depends_on":
+                service[key] = {**_depends(service), **_depends(extra)}
+            else:
+                service[key] = value
+    return services
+
+
+def with_secrets(text: str) -> str:
+    """``text`` as compose would expand it with every SECRET_VARS set to a sample value."""
+    for name in SECRET_VARS:
+        text = re.sub(r"\$\{" + name + r"(:\?[^}]*)?\}", "s3cr3t", text)
+    return text
+
+
+def qcluster_options(command: str) -> set[str]:
+    """The options ``qcluster COMMAND`` accepts (from the CLI itself, roles included)."""
+    register_commands()
+    group: Any = typer.main.get_command(cli)  # a click group (typer may vendor click)
+    found = group.commands.get(command)
+    assert found is not None, f"qcluster has no command {command!r}"
+    return {option for param in found.params for option in (*param.opts, *param.secondary_opts)
+            if option.startswith("-")}
+
+
+def test_compose_overrides_reference_services_images_and_files_that_exist() -> None:
+    base = compose_file("compose.yaml")["services"]
+    for override in COMPOSE_OVERRIDES:
+        spec = compose_file(override)
+        services = merged_services(override)
+        for name, service in spec["services"].items():
+            # A new service brings its image; an existing one is only amended.
+            assert name in base or service.get("image"), f"{override}: {name} has no image"
+            for mount in service.get("volumes", []):
+                source = mount.split(":")[0]
+                if source.startswith("."):
+                    assert (COMPOSE / source).is_file(), f"{override}: {source} missing"
+                else:
+                    assert source in spec.get("volumes", {}), f"{override}: volume {source}?"
+        for name, service in services.items():
+            for needed in _depends(service):
+                assert needed in services, f"{override}: {name} depends on unknown {needed}"
+
+
+def test_compose_overrides_run_qcluster_with_existing_options() -> None:
+    for override in ("compose.yaml", *COMPOSE_OVERRIDES):
+        for name, service in merged_services(override).items():
+            if service.get("image") != "qcluster:0.1.0":
+                continue
+            command = service["command"]
+            unknown = {arg for arg in command if arg.startswith("-")} - qcluster_options(command[0])
+            assert not unknown, f"{override}: {name}: unknown options {sorted(unknown)}"
+
+
+def test_kubernetes_manifests_run_qcluster_with_existing_options() -> None:
+    for path, doc in k8s_documents():
+        if doc["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            if container["image"].startswith("qcluster:"):
+                args = container["args"]
+                unknown = {arg for arg in args if arg.startswith("-")} - qcluster_options(args[0])
+                assert not unknown, f"{path}: unknown options {sorted(unknown)}"
+
+
+def test_qcluster_environment_variables_are_settings() -> None:
+    """A misspelt QCLUSTER_* name would be ignored, not refused: every one is a setting."""
+    known = {f"QCLUSTER_{field.upper()}" for field in Settings.model_fields}
+    names = set()
+    for override in ("compose.yaml", *COMPOSE_OVERRIDES):
+        for service in merged_services(override).values():
+            names |= set(service.get("environment", {}))
+    for _, doc in k8s_documents():
+        if doc["kind"] in ("Deployment", "DaemonSet"):
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                names |= {env["name"] for env in container.get("env", [])}
+    used = {name for name in names if name.startswith("QCLUSTER_")}
+    assert {"QCLUSTER_BROKER_URL", "QCLUSTER_TOKEN"} <= used
+    assert used <= known, f"not settings: {sorted(used - known)}"
+
+
+def test_redis_cluster_compose_example_points_qcluster_at_its_nodes() -> None:
+    services = merged_services("compose.redis-cluster.yaml")
+    nodes = sorted(name for name in services if name.startswith("redis-node-"))
+    assert len(nodes) == 6  # 3 masters + 3 replicas
+    create = services["redis-cluster-create"]
+    assert create["command"][2:] == nodes
+    assert {needed: {"condition": "service_healthy"} for needed in nodes} == create["depends_on"]
+    for role in ("manager", "master-a", "master-b"):
+        service = services[role]
+        assert service["depends_on"]["redis-cluster-create"] == {
+            "condition": "service_completed_successfully"}
+        url = parse_ha_url(with_secrets(service["environment"]["QCLUSTER_BROKER_URL"]))
+        assert url.kind == "cluster" and url.replicas == 1 and url.password == "s3cr3t"
+        assert {host for host, _ in url.hosts} <= set(nodes)
+
+
+def test_the_cluster_script_is_the_same_for_compose_and_kubernetes() -> None:
+    script = COMPOSE / "redis-cluster" / "create-cluster.sh"
+    assert (OVERLAYS / "redis-cluster" / "create-cluster.sh").read_bytes() == script.read_bytes()
+    done = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    # The password reaches redis-cli through REDISCLI_AUTH, never on a command line.
+    assert " -a " not in script.read_text()
+
+
+def redis_node_commands() -> list[str]:
+    commands = [" ".join(service["command"])
+                for name, service in compose_file("compose.redis-cluster.yaml")["services"].items()
+                if name.startswith("redis-node-")]
+    stateful_set = next(doc for _, doc in k8s_documents() if doc["kind"] == "StatefulSet")
+    container = stateful_set["spec"]["template"]["spec"]["containers"][0]
+    commands.append(" ".join(container["command"] + container["args"]))
+    return commands
+
+
+@pytest.mark.parametrize("setting", ["--cluster-enabled yes", "--appendonly yes",
+                                     "--maxmemory-policy noeviction", "--requirepass",
+                                     "--masterauth", "--cluster-announce-hostname"])
+def test_every_redis_cluster_node_has_the_settings_qcluster_needs(setting: str) -> None:
+    """docs/operations.md: AOF on every node, noeviction on every master (qcluster refuses an
+    evicting one), requirepass and masterauth, and stable names in redirections."""
+    for command in redis_node_commands():
+        assert setting in command, command
+
+
+def test_kubernetes_redis_cluster_job_names_every_node() -> None:
+    docs = [doc for path, doc in k8s_documents() if "redis-cluster" in path.parts]
+    stateful_set = next(doc for doc in docs if doc["kind"] == "StatefulSet")
+    service = next(doc for doc in docs if doc["kind"] == "Service")
+    job = next(doc for doc in docs if doc["kind"] == "Job")
+    name, count = stateful_set["metadata"]["name"], stateful_set["spec"]["replicas"]
+    assert stateful_set["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == [f"{name}-{i}.{service['metadata']['name']}" for i in range(count)]
+    replicas = int(next(e["value"] for e in container["env"] if e["name"] == "REPLICAS"))
+    assert count % (replicas + 1) == 0 and count // (replicas + 1) >= 3
+    for pod in (stateful_set, job):
+        env = pod["spec"]["template"]["spec"]["containers"][0]["env"]
+        auth = next(e for e in env if e["name"] == "REDISCLI_AUTH")
+        assert auth["valueFrom"]["secretKeyRef"]["name"] == "redis-cluster-auth"
+    kustomization = yaml.safe_load((OVERLAYS / "redis-cluster" / "kustomization.yaml").read_text())
+    script = kustomization["configMapGenerator"][0]
+    assert script["name"] == job["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+
+
+def test_rabbitmq_quorum_compose_example_declares_quorum_queues_on_its_nodes() -> None:
+    services = merged_services("compose.rabbitmq-quorum.yaml")
+    conf = (COMPOSE / "rabbitmq-quorum" / "rabbitmq.conf").read_text()
+    nodes = [services[name]["hostname"] for name in ("rabbitmq", "rabbitmq-2", "rabbitmq-3")]
+    assert all(f"= rabbit@{node}\n" in conf for node in nodes)
+    for role in ("manager", "master-a", "master-b"):
+        url = with_secrets(services[role]["environment"]["QCLUSTER_BROKER_URL"])
+        plain, queue_type = split_queue_type(url)
+        assert queue_type == "quorum"
+        assert [urlsplit(one).hostname for one in plain.split(";")] == nodes
+        assert all(urlsplit(one).password == "s3cr3t" for one in plain.split(";"))
+        assert set(services[role]["depends_on"]) >= {"rabbitmq", "rabbitmq-2", "rabbitmq-3"}
+    for name in ("rabbitmq", "rabbitmq-2", "rabbitmq-3"):
+        env = services[name]["environment"]
+        assert env["RABBITMQ_DEFAULT_PASS"].startswith("${QCLUSTER_RABBITMQ_PASSWORD:?")
+        assert env["RABBITMQ_ERLANG_COOKIE"].startswith("${QCLUSTER_RABBITMQ_COOKIE:?")
+
+
+def test_no_example_ships_a_password() -> None:
+    """Every secret of the examples is a variable compose refuses to run without, or a
+    Kubernetes Secret the user creates."""
+    for override in COMPOSE_OVERRIDES:
+        text = (COMPOSE / override).read_text()
+        for name in SECRET_VARS:
+            assert re.search(r"\$\{" + name + r"\}", text) is None or "${" + name + ":?" in text
+        assert not re.search(r"(PASS|AUTH|COOKIE)\w*: (?!\$\{)", text), override
+    assert not any(doc["kind"] == "Secret" for _, doc in k8s_documents())
+
+
+def test_the_quorum_overlay_is_the_base_configuration_with_quorum_queues(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("QCLUSTER_"):
+            monkeypatch.delenv(name)
+    base = yaml.safe_load((DEPLOY / "k8s" / "base" / "configmap.yaml").read_text())
+    overlay = OVERLAYS / "rabbitmq-quorum" / "qcluster.toml"
+    assert tomllib.loads(overlay.read_text()) == {
+        **tomllib.loads(base["data"]["qcluster.toml"]), "queue_type": "quorum"}
+    settings = load_settings(overlay, broker_url="amqp://qcluster:s3cr3t@rabbitmq-0:5672//")
+    assert split_queue_type(settings.broker_url or "")[1] == "quorum"
+    overlay_dir = OVERLAYS / "rabbitmq-quorum"
+    kustomization = yaml.safe_load((overlay_dir / "kustomization.yaml").read_text())
+    generator = kustomization["configMapGenerator"][0]
+    assert generator == {"name": base["metadata"]["name"], "behavior": "replace",
+                         "files": ["qcluster.toml"]}
