@@ -21,6 +21,7 @@ from qcluster.broker import mask_url
 
 DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "amqp": 5672, "pyamqp": 5672, "amqps": 5671}
 UNIX_SCHEMES = ("redis+socket", "unix")
+HA_SCHEMES = ("redis+sentinel://", "redis+cluster://")
 CHECK_TIMEOUT_S = 1.0
 CACHE_S = 1.0
 Address = tuple[int, str | tuple[str, int]]
@@ -36,6 +37,9 @@ def broker_addresses(url: str | None, state_dir: Path) -> list[Address]:
 
             addresses.append((socket.AF_UNIX, str(socket_path(state_dir))))
             continue
+        if one.startswith(HA_SCHEMES):  # a host list: any node (or Sentinel) answering
+            addresses.extend(_ha_addresses(one))
+            continue
         parts = urlsplit(one)
         if parts.scheme in UNIX_SCHEMES:
             addresses.append((socket.AF_UNIX, parts.path))
@@ -44,6 +48,20 @@ def broker_addresses(url: str | None, state_dir: Path) -> list[Address]:
             family = socket.AF_INET6 if ":" in parts.hostname else socket.AF_INET
             addresses.append((family, (parts.hostname, port)))
     return addresses
+
+
+def _ha_addresses(url: str) -> list[Address]:
+    """The nodes of a Redis Cluster URL, or the Sentinels of a Sentinel one (the master is
+    whichever they name: reaching one of them is reaching the broker's way in)."""
+    from qcluster.broker.redis_ha import parse_ha_url
+    from qcluster.errors import ConfigError
+
+    try:
+        parsed = parse_ha_url(url)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return [(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))
+            for host, port in parsed.hosts]
 
 
 class BrokerHealth:
@@ -71,7 +89,7 @@ class BrokerHealth:
         """None when one of the addresses accepts a connection, else why not (one line)."""
         try:
             addresses = broker_addresses(self.url, self.state_dir)
-        except ValueError as exc:  # a port out of range: the slots say more
+        except ValueError as exc:  # a bad port or host list: the slots say more
             return f"broker URL {mask_url(self.url or '')}: {exc}"
         problem = f"no address in broker URL {mask_url(self.url or '')}"
         for family, address in addresses:

@@ -23,6 +23,14 @@ from qcluster.master.effects import ProcessEffects
     ("redis://[::1]:7001", [(socket.AF_INET6, ("::1", 7001))]),
     ("redis+socket:///run/redis.sock", [(socket.AF_UNIX, "/run/redis.sock")]),
     ("amqp://a;amqp://b:1", [(socket.AF_INET, ("a", 5672)), (socket.AF_INET, ("b", 1))]),
+    # A host list (issue 17): any Cluster node, or any Sentinel, answering is the broker's
+    # way in; urlsplit refused the list ("Port could not be cast") and /healthz said
+    # degraded while the slots worked.
+    ("redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+     [(socket.AF_INET, ("127.0.0.1", 7000)), (socket.AF_INET, ("127.0.0.1", 7001))]),
+    ("redis+cluster://127.0.0.1", [(socket.AF_INET, ("127.0.0.1", 6379))]),
+    ("redis+sentinel://:pw@127.0.0.1:26379,[::1]:26380/mymaster",
+     [(socket.AF_INET, ("127.0.0.1", 26379)), (socket.AF_INET6, ("::1", 26380))]),
 ])
 def test_broker_addresses(url: str, expected: list[object]) -> None:
     assert broker_addresses(url, Path(".")) == expected
