@@ -40,7 +40,8 @@ AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
 
 
 class MasterSettings(BaseModel):
-    """``[master]``: per-host limits. Nothing here is required with --host-auto."""
+    """``[master]``: per-host limits. Nothing here is required: the host is sized from
+    memory, load and cgroups."""
 
     model_config = ConfigDict(extra="forbid")
 
