@@ -427,3 +427,13 @@ def test_the_quorum_overlay_is_the_base_configuration_with_quorum_queues(
     generator = kustomization["configMapGenerator"][0]
     assert generator == {"name": base["metadata"]["name"], "behavior": "replace",
                          "files": ["qcluster.toml"]}
+
+
+def test_deploy_paths_named_in_the_docs_exist() -> None:
+    for doc in (ROOT / "README.md", ROOT / "docs" / "operations.md"):
+        named = {path.rstrip(".,") for path in
+                 re.findall(r"(?<![\w/])deploy/[\w./-]+", doc.read_text())}
+        named = {path for path in named if "NAME" not in path}  # a placeholder
+        assert "deploy/k8s/overlays/redis-cluster" in named, doc
+        missing = sorted(path for path in named if not (ROOT / path).exists())
+        assert not missing, f"{doc.name} names {missing}"
