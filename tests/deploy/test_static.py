@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
+import redis
 import typer.main
 import yaml
 
@@ -35,6 +37,7 @@ from qcluster.cli import cli, register_commands
 from qcluster.config import Settings, load_settings
 from qcluster.errors import ConfigError
 from qcluster.security import check_server_security, parse_listen
+from tests.brokers import free_port
 from tests.conftest import IN_CI, ROOT
 from tests.deploy.metric_names import exported_names, names_in
 
@@ -341,14 +344,17 @@ def test_the_cluster_script_is_the_same_for_compose_and_kubernetes() -> None:
     assert " -a " not in script.read_text()
 
 
-def redis_node_commands() -> list[str]:
-    commands = [" ".join(service["command"])
+def redis_node_scripts() -> list[str]:
+    """The shell script each Redis Cluster node runs (compose and the StatefulSet: both are
+    `sh -c SCRIPT`), with `$$` (compose's and Kubernetes' escape) back to `$`."""
+    commands = [service["command"]
                 for name, service in compose_file("compose.redis-cluster.yaml")["services"].items()
                 if name.startswith("redis-node-")]
     stateful_set = next(doc for _, doc in k8s_documents() if doc["kind"] == "StatefulSet")
     container = stateful_set["spec"]["template"]["spec"]["containers"][0]
-    commands.append(" ".join(container["command"] + container["args"]))
-    return commands
+    commands.append(container["command"] + container["args"])
+    assert all(command[:2] == ["sh", "-c"] and len(command) == 3 for command in commands)
+    return [command[2].replace("$$", "$") for command in commands]
 
 
 @pytest.mark.parametrize("setting", ["--cluster-enabled yes", "--appendonly yes",
@@ -357,8 +363,46 @@ def redis_node_commands() -> list[str]:
 def test_every_redis_cluster_node_has_the_settings_qcluster_needs(setting: str) -> None:
     """docs/operations.md: AOF on every node, noeviction on every master (qcluster refuses an
     evicting one), requirepass and masterauth, and stable names in redirections."""
-    for command in redis_node_commands():
-        assert setting in command, command
+    for script in redis_node_scripts():
+        assert setting in script, script
+
+
+def test_the_redis_node_scripts_start_redis_with_those_settings(tmp_path: Path) -> None:
+    """Each node's script, run by sh with Debian's redis-server (on a free loopback port),
+    starts a server that has the settings: a misspelt option would stop it."""
+    assert shutil.which("redis-server"), "no redis-server (make sysdeps installs it)"
+    for number, script in enumerate(set(redis_node_scripts())):
+        port, directory = free_port(), tmp_path / str(number)
+        directory.mkdir()
+        script = script.replace("/data/nodes.conf", "nodes.conf")
+        # The bus port is port + 10000 unless given: out of range for a high free port.
+        script += (f" --port {port} --cluster-port {free_port()} --bind 127.0.0.1"
+                   f" --dir {directory}")
+        env = {**os.environ, "REDISCLI_AUTH": "s3cr3t"}
+        server = subprocess.Popen(["sh", "-c", script], env=env, cwd=directory,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            config = _config_once_up(server, port)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        assert config["appendonly"] == "yes" and config["maxmemory-policy"] == "noeviction"
+        assert config["cluster-enabled"] == "yes" and config["masterauth"] == "s3cr3t"
+        assert config["cluster-preferred-endpoint-type"] == "hostname"
+
+
+def _config_once_up(server: subprocess.Popen[bytes], port: int) -> dict[str, str]:
+    client = redis.Redis(port=port, password="s3cr3t", decode_responses=True)
+    deadline = time.monotonic() + 60
+    while True:
+        assert server.poll() is None, (server.stdout.read() if server.stdout else b"").decode()
+        try:
+            return {str(key): str(value) for key, value in client.config_get("*").items()}
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not answer within 60 s"
+            time.sleep(0.1)
+        finally:
+            client.close()
 
 
 def test_kubernetes_redis_cluster_job_names_every_node() -> None:
