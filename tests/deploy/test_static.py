@@ -254,13 +254,14 @@ def with_secrets(text: str) -> str:
 
 
 def qcluster_options(command: str) -> set[str]:
-    """The options ``qcluster COMMAND`` accepts (from the CLI itself, roles included)."""
+    """The options ``qcluster COMMAND`` shows in --help (from the CLI itself, roles included):
+    a hidden option is kept for old command lines only (``--host-auto``, ignored)."""
     register_commands()
     group: Any = typer.main.get_command(cli)  # a click group (typer may vendor click)
     found = group.commands.get(command)
     assert found is not None, f"qcluster has no command {command!r}"
-    return {option for param in found.params for option in (*param.opts, *param.secondary_opts)
-            if option.startswith("-")}
+    return {option for param in found.params if not getattr(param, "hidden", False)
+            for option in (*param.opts, *param.secondary_opts) if option.startswith("-")}
 
 
 def test_compose_overrides_reference_services_images_and_files_that_exist() -> None:
@@ -301,6 +302,17 @@ def test_kubernetes_manifests_run_qcluster_with_existing_options() -> None:
                 args = container["args"]
                 unknown = {arg for arg in args if arg.startswith("-")} - qcluster_options(args[0])
                 assert not unknown, f"{path}: unknown options {sorted(unknown)}"
+
+
+def test_systemd_units_run_qcluster_with_existing_options() -> None:
+    for unit in sorted((DEPLOY / "systemd").glob("*.service")):
+        starts = [line.split("=", 1)[1].split() for line in unit.read_text().splitlines()
+                  if line.startswith("ExecStart=")]
+        assert starts, unit
+        for program, command, *args in starts:
+            assert program.endswith("/qcluster"), unit
+            unknown = {arg for arg in args if arg.startswith("-")} - qcluster_options(command)
+            assert not unknown, f"{unit.name}: unknown options {sorted(unknown)}"
 
 
 def test_qcluster_environment_variables_are_settings() -> None:
