@@ -34,6 +34,7 @@ import yaml
 from qcluster.broker.amqp_topology import split_queue_type
 from qcluster.broker.redis_ha import parse_ha_url
 from qcluster.cli import cli, register_commands
+from qcluster.client import Client
 from qcluster.config import Settings, load_settings
 from qcluster.errors import ConfigError
 from qcluster.security import check_server_security, parse_listen
@@ -401,6 +402,50 @@ def test_the_redis_node_scripts_start_redis_with_those_settings(tmp_path: Path) 
         assert config["appendonly"] == "yes" and config["maxmemory-policy"] == "noeviction"
         assert config["cluster-enabled"] == "yes" and config["masterauth"] == "s3cr3t"
         assert config["cluster-preferred-endpoint-type"] == "hostname"
+
+
+def test_the_cluster_script_creates_a_cluster_qcluster_publishes_to_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six nodes run by the compose node script (announcing 127.0.0.1: this machine's host
+    name may not resolve), then create-cluster.sh as the one-shot service runs it: qcluster
+    publishes with replicas=1 once it exits, and a second run finds the cluster and changes
+    nothing."""
+    assert shutil.which("redis-server"), "no redis-server (make sysdeps installs it)"
+    script = redis_node_scripts()[0].replace('"$(hostname)"', "127.0.0.1")
+    env = {name: value for name, value in os.environ.items() if not name.startswith("QCLUSTER_")}
+    env["REDISCLI_AUTH"] = "s3cr3t"
+    nodes: list[tuple[int, subprocess.Popen[bytes]]] = []
+    try:
+        for number in range(6):
+            port, directory = free_port(), tmp_path / f"node-{number}"
+            directory.mkdir()
+            # No 5 s wait before a replica's first full sync (the default delay): speed only.
+            command = (f"{script} --port {port} --cluster-port {free_port()} "
+                       f"--bind 127.0.0.1 --dir {directory} --repl-diskless-sync-delay 0")
+            nodes.append((port, subprocess.Popen(["sh", "-c", command], env=env, cwd=directory,
+                                                 stdout=subprocess.DEVNULL)))
+        create = ["sh", str(COMPOSE / "redis-cluster" / "create-cluster.sh"),
+                  *(f"127.0.0.1:{port}" for port, _ in nodes)]
+        first = subprocess.run(create, env=env, capture_output=True, text=True, timeout=600)
+        assert first.returncode == 0 and "cluster created" in first.stdout, first.stdout
+        url = ("redis+cluster://:s3cr3t@" + ",".join(f"127.0.0.1:{port}" for port, _ in nodes)
+               + "?replicas=1")
+        queues = [f"deploy-check-{n}" for n in range(6)]  # spread over the shards by name
+        monkeypatch.chdir(tmp_path)  # no qcluster.toml, no QCLUSTER_* variable
+        for name in [name for name in os.environ if name.startswith("QCLUSTER_")]:
+            monkeypatch.delenv(name)
+        with Client(url) as client:
+            for queue in queues:
+                client.enqueue(queue, {"n": 1})
+            assert {queue: client.stats(queue)["ready"] for queue in queues} == dict.fromkeys(
+                queues, 1)
+        again = subprocess.run(create, env=env, capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0 and "the cluster exists" in again.stdout, again.stdout
+    finally:
+        for _, server in nodes:
+            server.terminate()
+        for _, server in nodes:
+            server.wait(timeout=60)
 
 
 def _config_once_up(server: subprocess.Popen[bytes], port: int) -> dict[str, str]:
