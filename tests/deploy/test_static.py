@@ -38,7 +38,7 @@ from qcluster.client import Client
 from qcluster.config import Settings, load_settings
 from qcluster.errors import ConfigError
 from qcluster.security import check_server_security, parse_listen
-from tests.brokers import free_port
+from tests.brokers import _die_with_parent, free_port
 from tests.conftest import IN_CI, ROOT
 from tests.deploy.metric_names import exported_names, names_in
 
@@ -393,7 +393,8 @@ def test_the_redis_node_scripts_start_redis_with_those_settings(tmp_path: Path) 
                    f" --dir {directory}")
         env = {**os.environ, "REDISCLI_AUTH": "s3cr3t"}
         server = subprocess.Popen(["sh", "-c", script], env=env, cwd=directory,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  preexec_fn=_die_with_parent)
         try:
             config = _config_once_up(server, port)
         finally:
@@ -423,7 +424,8 @@ def test_the_cluster_script_creates_a_cluster_qcluster_publishes_to_at_once(
             command = (f"{script} --port {port} --cluster-port {free_port()} "
                        f"--bind 127.0.0.1 --dir {directory} --repl-diskless-sync-delay 0")
             nodes.append((port, subprocess.Popen(["sh", "-c", command], env=env, cwd=directory,
-                                                 stdout=subprocess.DEVNULL)))
+                                                 stdout=subprocess.DEVNULL,
+                                                 preexec_fn=_die_with_parent)))
         create = ["sh", str(COMPOSE / "redis-cluster" / "create-cluster.sh"),
                   *(f"127.0.0.1:{port}" for port, _ in nodes)]
         first = subprocess.run(create, env=env, capture_output=True, text=True, timeout=600)
