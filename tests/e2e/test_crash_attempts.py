@@ -8,9 +8,7 @@ gives a dead consumer's jobs back itself, each charged, see docs/chaos.md.)"""
 from __future__ import annotations
 
 import json
-import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +20,6 @@ from tests.e2e.cluster import Procs, get_json
 from tests.e2e.crash_attempts_app import MAX_ATTEMPTS
 
 APP = "tests.e2e.crash_attempts_app:app"
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"c{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def logs(tmp_path: Path) -> Path:
-    path = tmp_path / "runs"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def procs(tmp_path: Path, prefix: str, logs: Path) -> Iterator[Procs]:
-    running = Procs(tmp_path, {"QC_TEST_PREFIX": prefix, "QC_TEST_LOG_DIR": str(logs),
-                               "QCLUSTER_METRICS_DIR": str(tmp_path / "metrics")})
-    yield running
-    running.stop_all()
 
 
 def events(logs: Path) -> dict[str, list[dict[str, Any]]]:

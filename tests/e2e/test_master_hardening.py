@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from qcluster.client import Client
 from tests.conftest import wait_until
@@ -19,26 +15,6 @@ from tests.e2e.cluster import Procs, executed, get_json
 from tests.e2e.test_master import start_master
 
 JOBS = 6
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"h{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def logs(tmp_path: Path) -> Path:
-    path = tmp_path / "executed"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def procs(tmp_path: Path, prefix: str, logs: Path) -> Iterator[Procs]:
-    running = Procs(tmp_path, {"QC_TEST_PREFIX": prefix, "QC_TEST_LOG_DIR": str(logs),
-                               "QCLUSTER_METRICS_DIR": str(tmp_path / "metrics")})
-    yield running
-    running.stop_all()
 
 
 def runs(logs: Path) -> tuple[dict[int, list[float]], dict[int, float]]:
