@@ -187,6 +187,30 @@ class QueueCounters(_Msg):
     """Sum over this queue's slots of the seconds they existed in the interval."""
 
 
+ReloadState = Literal["idle", "loading", "rolling", "failed"]
+"""A master's code reload: none under way (idle), the new app importing in a fresh
+template (loading), slots being replaced a few at a time (rolling), or the last reload
+refused (failed: the old slots keep serving; ``error`` says why)."""
+ShortText = Annotated[str, StringConstraints(max_length=2000)]
+
+
+class CodeInfo(_Msg):
+    """Which code a master's slots run, and its reloads (SIGHUP or the manager's request)."""
+
+    version: Annotated[str, StringConstraints(max_length=128)] = ""
+    """The app's ``App(version=...)`` when given, else a short hash of the app's files."""
+    generation: Count = 0
+    """0: the code the master started with; +1 at every reload that took."""
+    state: ReloadState = "idle"
+    error: ShortText = ""
+    """Why the last reload was refused (its import error, or its first slot's boot error);
+    empty when the last reload took."""
+    reload_id: Annotated[str, StringConstraints(max_length=64)] = ""
+    """The last manager reload request (Assignment.reload_id) this master acted on."""
+    old_slots: Annotated[int, Field(ge=0, le=MAX_SLOTS)] = 0
+    """Slots still running an older generation (0 once a rolling reload is done)."""
+
+
 class HostReport(_Msg):
     """Every field bounded and finite: the manager plans with these numbers."""
 
@@ -204,6 +228,8 @@ class HostReport(_Msg):
     counters: Annotated[dict[Name, QueueCounters], Field(max_length=MAX_QUEUES)]
     generation: Count = 0
     """Generation of the row the master is applying (0: none received yet)."""
+    code: CodeInfo = CodeInfo()
+    """The code the slots run and the state of its reload."""
 
 
 class Assignment(_Msg):
@@ -213,6 +239,9 @@ class Assignment(_Msg):
     generation: int
     row: dict[str, int]
     report_interval_s: float = 2.0
+    reload_id: str = ""
+    """A reload this host should do: the master reloads when the id differs from the last one
+    it saw (the first id a master sees after it starts is taken as done, not reloaded)."""
 
 
 # --- manager API views (GET /api/v1/cluster and the admin UI) -------------------
@@ -258,6 +287,8 @@ class HostView(_Msg):
     loadavg: tuple[float, float, float]
     last_report_at: float
     """Wall-clock unix seconds of the last report received."""
+    code: CodeInfo = CodeInfo()
+    """The code the host's slots run, from its last report."""
 
 
 class DecisionView(_Msg):
