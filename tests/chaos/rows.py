@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,10 @@ LATEST = RESULTS_DIR / "latest.jsonl"
 PROFILE_ENV = "QC_CHAOS_PROFILE"
 RESULTS_ENV = "QC_CHAOS_RESULTS"
 SEED_ENV = "QC_CHAOS_SEED"
+RUN_ENV = "QC_CHAOS_RUN"
+#: Which run a line comes from (latest.jsonl may merge a row re-run alone into a whole run):
+#: ``QC_CHAOS_RUN`` if set, else this session's start (UTC).
+RUN = os.environ.get(RUN_ENV, "") or time.strftime("pytest %Y-%m-%dT%H:%MZ", time.gmtime())
 
 #: Every row result printed in this session (for the terminal summary).
 EMITTED: list[RowResult] = []
@@ -97,6 +102,7 @@ class RowResult:
         data = asdict(self)
         extra = data.pop("extra")
         data["profile"] = profile()
+        data["run"] = RUN
         if extra:
             data["extra"] = extra
         return json.dumps(data, separators=(", ", ": "), default=str)
