@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from qcluster.errors import BrokerError
-from qcluster.manager.service import ManagerService
+from qcluster.manager.service import ManagerService, ReloadRefused
 from qcluster.messages import Assignment, HistoryPoint, HostReport
 from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import MAX_BODY_BYTES, GuardMiddleware, bearer_token
@@ -81,10 +81,12 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     def cluster() -> JSONResponse:
         """Queues, hosts, slot map and decisions (newest first); ``broker``: the broker's
         nodes (address, role, ok or the error, a Cluster master's hash slots) and the node
-        serving each queue, as the last broker check read them (null before the first)."""
+        serving each queue, as the last broker check read them (null before the first);
+        ``reload``: the rolling reload running or the last one (null: none yet)."""
         body = service.cluster_view().model_dump(by_alias=True, mode="json")
         nodes = service.broker_nodes()
         body["broker"] = nodes.model_dump(mode="json") if nodes is not None else None
+        body["reload"] = service.reload_status()
         return JSONResponse(body)
 
     @app.get("/api/v1/queues/{queue}/history", tags=["cluster"])
@@ -138,6 +140,33 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     def undrain(host: NamePath) -> dict[str, Any]:
         stored(lambda: service.undrain(host))
         return {"host": host, "drained": False}
+
+    def reloading(host: str | None, by: str) -> dict[str, Any]:
+        try:
+            return service.reload(host, by)
+        except ReloadRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+
+    @app.post("/api/v1/hosts/{host}/reload", tags=["reload"])
+    def reload_host(host: NamePath, by: str = Depends(actor)) -> dict[str, Any]:
+        """Ask the host's master to reload its code (a fresh template, slots replaced a few
+        at a time): its next reply carries a new ``reload_id``. Answers the rollout; 404 an
+        unknown host, 409 the host not reporting or a reload already running."""
+        return reloading(host, by)
+
+    @app.post("/api/v1/reload", tags=["reload"])
+    def reload_all(by: str = Depends(actor)) -> dict[str, Any]:
+        """Reload every reporting host, one at a time by name: the next host is asked once
+        the previous one took the new code (or was skipped: it stopped reporting, or did
+        not take the request up within 30 s); a host that fails stops the rollout. 409 when
+        a reload is running or no host reports."""
+        return reloading(None, by)
+
+    @app.get("/api/v1/reload", tags=["reload"])
+    def reload_status() -> JSONResponse:
+        """The rolling reload running, or the last one (null: none since the manager
+        started): each host's step (waiting, asked, took, failed, skipped) and note."""
+        return JSONResponse(service.reload_status())
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

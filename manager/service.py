@@ -19,6 +19,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from qcluster.broker.base import Broker, DeadJob, QueueStats
 from qcluster.broker.health import BrokerHealth, read_health
@@ -27,6 +28,7 @@ from qcluster.errors import BrokerError, ConfigError
 from qcluster.manager.controls import ControlStore
 from qcluster.manager.periodic import PeriodicJobView, PeriodicTicker, ticker_for
 from qcluster.manager.recorder import Recorder
+from qcluster.manager.reloads import TAKE_UP_S, Rollout, advance, start
 from qcluster.manager.rounds import RoundInput, RoundResult, decide
 from qcluster.manager.state import ClusterState
 from qcluster.manager.views import cluster_view
@@ -44,6 +46,15 @@ logger = logging.getLogger(__name__)
 BROKER_CHECK_INTERVAL_S = 60.0
 #: How long ``stop`` waits for a round in progress (a broker call has its own timeouts).
 STOP_WAIT_S = 10.0
+
+
+class ReloadRefused(Exception):
+    """A reload request the manager does not start: ``status`` is the HTTP answer (404 an
+    unknown host, 409 a rollout already running or nobody to reload)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ManagerService:
@@ -82,6 +93,8 @@ class ManagerService:
         """Enqueues the periodic jobs' ticks (its own thread); None: none is declared."""
         self.control_store = ControlStore(broker)
         """Pause and drain, kept in the broker (``manager/controls.py``)."""
+        self.take_up_s = TAKE_UP_S
+        """Seconds a host asked to reload has to show the id before it is skipped."""
         self.tokens: dict[str, str] = dict(state.settings.tokens if tokens is None else tokens)
         """Token name -> secret: ``[tokens]`` and the unnamed ``token`` (named "token")."""
         if token:
@@ -110,6 +123,53 @@ class ManagerService:
 
     def undrain(self, host: str) -> None:
         self._clear_control("drain", host)
+
+    def reload(self, host: str | None, by: str = UNNAMED_TOKEN) -> dict[str, Any]:
+        """Start a rolling reload of ``host``, or of every reporting host (None) one at a
+        time by name; the first host is asked at once (its next reply carries the id).
+        Returns the rollout (``reload_status``). Raises ReloadRefused: 404 an unknown host,
+        409 a rollout already running, the host not reporting, or no host reporting."""
+        with self.lock:
+            now = self.clock()
+            current = self.state.reloads.rollout
+            if current is not None and current.running:
+                raise ReloadRefused(409, f"reload {current.id} is running (asked by "
+                                         f"{current.by}): wait for it to end")
+            reporting = self.state.reporting_hosts(now)
+            if host is None:
+                hosts = sorted(reporting)
+                if not hosts:
+                    raise ReloadRefused(409, "no host is reporting: nothing to reload")
+            elif host not in self.state.hosts:
+                raise ReloadRefused(404, f"no host named {host} has reported")
+            elif host not in reporting:
+                raise ReloadRefused(409, f"host {host} is not reporting")
+            else:
+                hosts = [host]
+            rollout = start(f"r{secrets.token_hex(6)}", by, hosts, now)
+            logger.info("reload %s of %s asked by %s", rollout.id, ", ".join(hosts), by)
+            return self._advance(rollout, now).view()
+
+    def reload_status(self) -> dict[str, Any] | None:
+        """The rollout running, or the last one (None: none since the manager started)."""
+        with self.lock:
+            rollout = self.state.reloads.rollout
+            return rollout.view() if rollout is not None else None
+
+    def advance_reload(self) -> None:
+        """Move the running rollout on from the hosts' last reports (every round)."""
+        with self.lock:
+            rollout = self.state.reloads.rollout
+            if rollout is not None and rollout.running:
+                self._advance(rollout, self.clock())
+
+    def _advance(self, rollout: Rollout, now: float) -> Rollout:
+        """(caller holds the lock)"""
+        advanced = advance(rollout, self.state.hosts_seen(now), now, self.take_up_s)
+        self.state.apply_reload(advanced, now)
+        for reason in advanced.reasons:
+            logger.info("decision: %s", reason)
+        return advanced.rollout
 
     def controls(self) -> list[Control]:
         """The pauses and drains in force, with who set them and when (by kind, name)."""
@@ -198,6 +258,7 @@ class ManagerService:
     def round(self) -> None:
         started = time.perf_counter()
         self.act(decide(self.observe()))
+        self.advance_reload()
         self.last_round_s = time.perf_counter() - started
 
     def observe(self) -> RoundInput:

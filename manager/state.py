@@ -23,6 +23,7 @@ from qcluster.config import Settings
 from qcluster.controls import Control, ControlKind
 from qcluster.manager.arrivals import ArrivalCount, ArrivalLedger, unreported
 from qcluster.manager.planning import QueueInput, QueuePlan, QueueWindow
+from qcluster.manager.reloads import Advanced, HostSeen, ReloadBook
 from qcluster.manager.rounds import RoundInput, RoundResult, decide
 from qcluster.messages import (
     Assignment,
@@ -218,6 +219,9 @@ class ClusterState:
         self.planned_once = False
         self.undeclared: list[UndeclaredQueueView] = []
         self.durability: list[str] = []
+        self.reloads = ReloadBook()
+        """The reload id each host is sent and the current or last rollout
+        (``manager/reloads.py``); forgotten on a restart, so every host is sent ""."""
 
     # --- input -----------------------------------------------------------------
 
@@ -239,7 +243,8 @@ class ClusterState:
         if row is None:
             row = running_row(report)  # not planned yet: keep what the host runs
         return Assignment(generation=self.generation, row=dict(row),
-                          report_interval_s=self.cfg.interval_s)
+                          report_interval_s=self.cfg.interval_s,
+                          reload_id=self.reloads.ids.get(report.host, ""))
 
     def set_controls(self, controls: dict[str, Control]) -> None:
         """The controls read back from the broker replace the ones held (a second manager,
@@ -269,13 +274,33 @@ class ClusterState:
     # --- derived (reads: they change nothing) ----------------------------------------
 
     def alive_hosts(self, now: float) -> dict[str, HostEntry]:
+        """The hosts planned on: reporting and not drained."""
+        return {name: entry for name, entry in self.reporting_hosts(now).items()
+                if name not in self.drained}
+
+    def reporting_hosts(self, now: float) -> dict[str, HostEntry]:
+        """The hosts whose last report is recent (drained ones included)."""
         expiry = self.cfg.host_expiry_intervals
         return {
             name: entry for name, entry in self.hosts.items()
-            if name not in self.drained
-            and now - entry.received_at
+            if now - entry.received_at
             <= max(MIN_EXPIRY_S, expiry * max(entry.report.interval_s, self.cfg.interval_s))
         }
+
+    def hosts_seen(self, now: float) -> dict[str, HostSeen]:
+        """Every known host's code as a rollout reads it (``manager/reloads.py``)."""
+        reporting = self.reporting_hosts(now)
+        return {name: HostSeen(reporting=name in reporting, code=entry.report.code)
+                for name, entry in self.hosts.items()}
+
+    def apply_reload(self, advanced: Advanced, now: float) -> None:
+        """Keep the rollout, send each asked host its id from now on, log the steps."""
+        self.reloads.rollout = advanced.rollout
+        for host, reload_id in advanced.asks:
+            self.reloads.ids[host] = reload_id
+        for reason in advanced.reasons:  # not about one queue: the queue is left empty
+            self.decisions.appendleft(DecisionView.model_validate(
+                {"at": now, "queue": "", "from": 0, "to": 0, "reason": reason}))
 
     def policies(self, now: float | None = None) -> dict[str, QueuePolicy]:
         """Code defaults reported by live masters (all known ones when ``now`` is None),
