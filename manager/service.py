@@ -131,21 +131,18 @@ class ManagerService:
         409 a rollout already running, the host not reporting, or no host reporting."""
         with self.lock:
             now = self.clock()
+            if host is not None and host not in self.state.hosts:
+                raise ReloadRefused(404, f"no host named {host} has reported")
             current = self.state.reloads.rollout
             if current is not None and current.running:
                 raise ReloadRefused(409, f"reload {current.id} is running (asked by "
                                          f"{current.by}): wait for it to end")
             reporting = self.state.reporting_hosts(now)
-            if host is None:
-                hosts = sorted(reporting)
-                if not hosts:
-                    raise ReloadRefused(409, "no host is reporting: nothing to reload")
-            elif host not in self.state.hosts:
-                raise ReloadRefused(404, f"no host named {host} has reported")
-            elif host not in reporting:
+            hosts = sorted(reporting) if host is None else [host]
+            if not set(hosts) <= set(reporting):
                 raise ReloadRefused(409, f"host {host} is not reporting")
-            else:
-                hosts = [host]
+            if not hosts:
+                raise ReloadRefused(409, "no host is reporting: nothing to reload")
             rollout = start(f"r{secrets.token_hex(6)}", by, hosts, now)
             logger.info("reload %s of %s asked by %s", rollout.id, ", ".join(hosts), by)
             return self._advance(rollout, now).view()

@@ -1,18 +1,22 @@
-"""``qcluster pause|resume QUEUE``, ``qcluster drain|undrain HOST``, ``qcluster controls``:
-the manager's controls from the command line, through its HTTP API.
+"""``qcluster pause|resume QUEUE``, ``qcluster drain|undrain HOST``, ``qcluster controls``,
+``qcluster reload [HOST] [--all] [--wait]``: the manager's controls from the command line,
+through its HTTP API.
 
 The manager keeps every control in the broker (a restart keeps them) and records who set
 it: the name of the token sent (``token`` / ``QCLUSTER_TOKEN``; never on the command line,
 where ``ps`` would show it). Registered as entry points of ``qcluster.commands``.
 
-Exit codes (docs/operations.md, "Pause, resume, drain"): 0 done; 2 a name outside the
-queue-name rule; 6 no token configured; 10 the manager is unreachable or failed (the
-broker did not store the change: 503); 11 the manager refused the token (401).
+Exit codes (docs/operations.md, "Pause, resume, drain" and "Deploying new code"): 0 done;
+2 a name outside the queue-name rule; 6 no token configured; 10 the manager is unreachable
+or failed (the broker did not store the change: 503); 11 the manager refused the token
+(401); ``reload``: 12 refused (no such host, a reload already running), 13 a host failed
+to load the new code (the rollout stopped), 14 a host was skipped or ``--wait`` gave up.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any, NoReturn
 
 import httpx
@@ -30,8 +34,17 @@ from qcluster.names import check_queue_name
 MANAGER_UNREACHABLE = 10
 #: The manager refused the token.
 TOKEN_REFUSED = 11
+#: The manager refused the reload (404: no host of that name; 409: a reload is running,
+#: the host is not reporting, or no host is).
+RELOAD_REFUSED = 12
+#: A host failed to load the new code: the rollout stopped, the hosts after it keep the old.
+RELOAD_FAILED = 13
+#: The rollout ended with a host skipped, or ``--wait`` gave up or lost it.
+RELOAD_INCOMPLETE = 14
 DEFAULT_MANAGER_URL = "http://127.0.0.1:7300"
 TIMEOUT_S = 30.0
+#: Seconds between two reads of the rollout under ``--wait``.
+POLL_S = 1.0
 
 ManagerOpt = Annotated[
     str | None,
@@ -84,6 +97,75 @@ def controls(
     out.print(table)
 
 
+def reload(
+    host: Annotated[str | None, typer.Argument(help="Host to reload (or --all)")] = None,
+    all_hosts: Annotated[bool, typer.Option(
+        "--all", help="Every reporting host, one at a time")] = False,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="Follow the reload until it ends (exit 0: every host took it)")] = False,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds --wait follows it before giving up", min=1)] = 900.0,
+    manager: ManagerOpt = None, config: ConfigOpt = None,
+) -> None:
+    """Reload HOST's code (a fresh template, its slots replaced a few at a time), or every
+    host's one at a time (--all): the next host is asked once the previous one took it, and
+    a host that fails to load it stops the rollout (the others keep the old code)."""
+    if (host is None) == (not all_hosts):
+        _fail(exitcodes.USAGE, "name one HOST, or give --all")
+    path = "/api/v1/reload" if host is None else f"/api/v1/hosts/{_name(host)}/reload"
+    rollout = _post(config, manager, path)
+    hosts = [str(step["host"]) for step in rollout.get("hosts", [])]
+    out.print(escape(f"reload {rollout.get('id')} asked by {rollout.get('by')}: "
+                     + (f"{', '.join(hosts)}, one at a time" if host is None else host)),
+              highlight=False)
+    if not wait:
+        out.print("follow it on the admin page or at GET /api/v1/reload", highlight=False)
+        return
+    _follow(config, manager, rollout, timeout)
+
+
+def _follow(config: Any, manager: str | None, rollout: dict[str, Any], timeout: float) -> None:
+    """Print each host's step as it changes until the rollout ends; exit as it ended."""
+    shown: dict[str, tuple[str, str]] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for step in rollout.get("hosts", []):
+            now = (str(step.get("state")), str(step.get("note") or ""))
+            if shown.get(step["host"]) != now and now[0] != "waiting":
+                shown[step["host"]] = now
+                out.print(escape(f"{step['host']}: {now[0]}" + (f", {now[1]}" if now[1] else "")),
+                          highlight=False)
+        if rollout.get("state") != "running":
+            break
+        if time.monotonic() > deadline:
+            _fail(RELOAD_INCOMPLETE, f"reload {rollout['id']} still running after "
+                                     f"{timeout:.0f} s (it goes on: GET /api/v1/reload)")
+        time.sleep(POLL_S)
+        rollout = _current(config, manager, str(rollout["id"]), rollout)
+    note = str(rollout.get("note") or rollout.get("state"))
+    if rollout.get("state") == "stopped":
+        _fail(RELOAD_FAILED, note)
+    if any(step.get("state") != "took" for step in rollout.get("hosts", [])):
+        _fail(RELOAD_INCOMPLETE, note)
+    out.print(escape(note), highlight=False)
+
+
+def _current(config: Any, manager: str | None, rollout_id: str,
+             last: dict[str, Any]) -> dict[str, Any]:
+    """The rollout as the manager has it now; the last one while the manager is unreachable
+    (it may be restarting: --wait keeps trying until its timeout)."""
+    try:
+        current = _request(config, manager, "GET", "/api/v1/reload", needs_token=False,
+                           retry=True)
+    except httpx.HTTPError:
+        return last
+    if not isinstance(current, dict) or current.get("id") != rollout_id:
+        _fail(RELOAD_INCOMPLETE, f"the manager no longer knows reload {rollout_id} (restarted?"
+                                 " a rollout in progress is lost then): see the hosts' code "
+                                 "on the admin page")
+    return current
+
+
 def _since(at: Any) -> str:
     """A control's ``at`` as UTC text; anything else the manager sent is shown as it is."""
     if isinstance(at, int | float) and not isinstance(at, bool):
@@ -102,7 +184,9 @@ def _post(config: Any, manager: str | None, path: str) -> dict[str, Any]:
 
 
 def _request(config: Any, manager: str | None, method: str, path: str, *,
-             needs_token: bool) -> Any:
+             needs_token: bool, retry: bool = False) -> Any:
+    """The manager's JSON answer; exits on a refusal (and, unless ``retry``, on an
+    unreachable manager or a server error: ``retry`` raises httpx.HTTPError then)."""
     settings = settings_for(config, manager_url=manager)
     url = (settings.manager_url or DEFAULT_MANAGER_URL).rstrip("/")
     headers = {}
@@ -114,7 +198,11 @@ def _request(config: Any, manager: str | None, method: str, path: str, *,
                               "manager's token (or one of its named tokens)")
     try:
         response = httpx.request(method, url + path, headers=headers, timeout=TIMEOUT_S)
+        if retry and response.status_code >= 500:
+            response.raise_for_status()
     except httpx.HTTPError as exc:
+        if retry:
+            raise
         _fail(MANAGER_UNREACHABLE, f"the manager at {url} is unreachable: {exc}")
     if response.status_code == 401:
         _fail(TOKEN_REFUSED, f"the manager at {url} refused the token: set `token` / "
@@ -122,7 +210,8 @@ def _request(config: Any, manager: str | None, method: str, path: str, *,
     if response.status_code >= 500:
         _fail(MANAGER_UNREACHABLE, f"the manager at {url} failed: {_detail(response)}")
     if response.status_code >= 400:
-        _fail(exitcodes.USAGE, f"the manager at {url} refused it: {_detail(response)}")
+        _fail(RELOAD_REFUSED if response.status_code in (404, 409) else exitcodes.USAGE,
+              f"the manager at {url} refused it: {_detail(response)}")
     try:
         return response.json()
     except ValueError:
