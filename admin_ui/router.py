@@ -9,6 +9,7 @@ keeps the scroll position.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from fastapi.templating import Jinja2Templates
 
 from qcluster.admin_ui.display import load_bar_percent, load_text
 from qcluster.admin_ui.source import (
+    ActionSource,
     BrokerNodesSource,
     ClusterSource,
     ControlSource,
@@ -27,7 +29,7 @@ from qcluster.admin_ui.source import (
 from qcluster.admin_ui.views import age, history_charts, mib, sort_queues
 from qcluster.broker.health import BrokerHealth
 from qcluster.controls import Control, utc_text
-from qcluster.errors import InvalidQueueName
+from qcluster.errors import BrokerError, InvalidQueueName
 from qcluster.names import check_queue_name
 from qcluster.periodic import PeriodicJobView
 from qcluster.security import bearer_token
@@ -38,6 +40,10 @@ PAYLOAD_PREVIEW_CHARS = 160
 DEAD_JOBS_SHOWN = 50
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
+#: What the overview says after a button did its work (``/?done=KIND&name=NAME``): fixed
+#: texts, so a crafted link cannot put words on the page.
+DONE = {"resume": "Queue {} resumed.", "undrain": "Host {} undrained.",
+        "reload": "Reload {} asked: its progress is under Code reload."}
 
 
 def _context(request: Request, **values: Any) -> dict[str, Any]:
@@ -49,17 +55,21 @@ def build_router(source: ClusterSource) -> APIRouter:
     router = APIRouter(include_in_schema=False)
 
     @router.get("/", response_class=HTMLResponse)
-    def overview(request: Request, sort: str = "priority", dir: str = "desc") -> Response:
+    def overview(request: Request, sort: str = "priority", dir: str = "desc",
+                 done: str = "", name: str = "") -> Response:
         view = source.cluster_view()
         queues = sort_queues(list(view.queues), sort, dir)
         queue_names = sorted(q.name for q in view.queues)
         controls = _controls(source)
+        actions = isinstance(source, ActionSource)
         return templates.TemplateResponse(request, "index.html", _context(
             request, view=view, queues=queues, queue_names=queue_names, sort=sort, dir=dir,
             now=view.generated_at or time.time(), controls=controls,
             periodic=_periodic_jobs(source), broker=_broker_nodes(source),
             paused_by={c.name: c for c in controls if c.kind == "pause"},
             drained_by={c.name: c for c in controls if c.kind == "drain"},
+            actions=actions, done=_done(done, name),
+            reload=source.reload_status() if isinstance(source, ActionSource) else None,
         ))
 
     @router.get("/queues/{name}", response_class=HTMLResponse)
@@ -96,7 +106,77 @@ def build_router(source: ClusterSource) -> APIRouter:
         moved = source.requeue_dead(name)
         return RedirectResponse(f"/queues/{name}?requeued={moved}", status_code=303)
 
+    if isinstance(source, ActionSource):
+        _action_routes(router, source)
     return router
+
+
+def _action_routes(router: APIRouter, source: ActionSource) -> None:
+    """The overview's buttons: each posts the page's token field to one of these."""
+
+    @router.post("/queues/{name}/resume", response_class=HTMLResponse)
+    def resume(request: Request, name: str, token: str = Form("")) -> Response:
+        def resumed(by: str) -> str:
+            source.resume(name)
+            return name
+
+        return _act(request, source, token, "resume", name, resumed)
+
+    @router.post("/hosts/{name}/undrain", response_class=HTMLResponse)
+    def undrain(request: Request, name: str, token: str = Form("")) -> Response:
+        def undrained(by: str) -> str:
+            source.undrain(name)
+            return name
+
+        return _act(request, source, token, "undrain", name, undrained)
+
+    @router.post("/hosts/{name}/reload", response_class=HTMLResponse)
+    def reload_host(request: Request, name: str, token: str = Form("")) -> Response:
+        return _act(request, source, token, "reload", name,
+                    lambda by: str(source.reload(name, by)["id"]))
+
+    @router.post("/reload", response_class=HTMLResponse)
+    def reload_all(request: Request, token: str = Form("")) -> Response:
+        return _act(request, source, token, "reload", None,
+                    lambda by: str(source.reload(None, by)["id"]))
+
+
+def _act(request: Request, source: ActionSource, token: str, kind: str, name: str | None,
+         action: Callable[[str], str]) -> Response:
+    """Check the name and the token (the form's field, or a Bearer header), do ``action``
+    as the token's name, and go back to the overview saying what was done."""
+    if name is not None:
+        try:
+            check_queue_name(name)
+        except InvalidQueueName:
+            return _message(request, "Unknown name", f"No queue or host named {name!r}.", 404)
+    by = source.token_name(token or bearer_token(request.headers.get("authorization")))
+    if by is None:
+        return _message(request, "Not authorised", "This button needs the manager's token "
+                        "(qcluster.toml `token` or QCLUSTER_TOKEN, or a named [tokens] one).",
+                        401)
+    try:
+        done = action(by)
+    except ValueError as exc:  # the manager refused it (ReloadRefused: 404 / 409)
+        return _message(request, "Refused", str(exc), int(getattr(exc, "status", 409)))
+    except BrokerError as exc:
+        return _message(request, "Not done", f"The broker did not store the change: {exc}",
+                        503)
+    return RedirectResponse(f"/?done={kind}&name={done}", status_code=303)
+
+
+def _done(kind: str, name: str) -> str | None:
+    """The notice for ``/?done=KIND&name=NAME`` (None: nothing, or not ours)."""
+    try:
+        return DONE[kind].format(check_queue_name(name))
+    except (KeyError, InvalidQueueName):
+        return None
+
+
+def _message(request: Request, title: str, text: str, status: int) -> Response:
+    return templates.TemplateResponse(request, "message.html",
+                                      _context(request, title=title, text=text),
+                                      status_code=status)
 
 
 def _controls(source: ClusterSource) -> list[Control]:

@@ -6,7 +6,7 @@ methods to :func:`admin_ui.router.install`. Tests pass a fake.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from qcluster.broker.base import DeadJob
 from qcluster.broker.health import BrokerHealth
@@ -66,4 +66,34 @@ class BrokerNodesSource(Protocol):
 
     def broker_nodes(self) -> BrokerHealth | None:
         """The broker's nodes and each queue's node, as last read (None: not read yet)."""
+        ...
+
+
+@runtime_checkable
+class ActionSource(Protocol):
+    """A source whose page has buttons: resume a paused queue, undrain a drained host,
+    reload one host's code or every host's (the manager; a fake may not, and then the page
+    shows no button). The router checks the token (``token_name``) before calling one."""
+
+    def token_name(self, token: str | None) -> str | None:
+        """The name of the token ``token`` is (who acts); None: not a valid token."""
+        ...
+
+    def resume(self, queue: str) -> None:
+        """Plan slots for a paused queue again. Raises BrokerError when not stored."""
+        ...
+
+    def undrain(self, host: str) -> None:
+        """Plan slots on a drained host again. Raises BrokerError when not stored."""
+        ...
+
+    def reload(self, host: str | None, by: str) -> dict[str, Any]:
+        """Start a rolling reload of ``host`` (None: every reporting host, one at a time);
+        returns the rollout. Raises ValueError with ``status`` (404 an unknown host, 409
+        a reload running or nobody to reload) when refused."""
+        ...
+
+    def reload_status(self) -> dict[str, Any] | None:
+        """The rollout running or the last one: ``{id, by, state, note, hosts: [{host,
+        state, note, ...}]}`` (docs/manager.md); None: none yet."""
         ...

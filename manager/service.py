@@ -48,7 +48,7 @@ BROKER_CHECK_INTERVAL_S = 60.0
 STOP_WAIT_S = 10.0
 
 
-class ReloadRefused(Exception):
+class ReloadRefused(ValueError):
     """A reload request the manager does not start: ``status`` is the HTTP answer (404 an
     unknown host, 409 a rollout already running or nobody to reload)."""
 

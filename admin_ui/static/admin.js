@@ -26,7 +26,16 @@
       .then(function (html) {
         var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("live");
         var live = document.getElementById("live");
-        if (fresh && live) { live.innerHTML = fresh.innerHTML; }
+        if (fresh && live) {
+          // An error an operator expanded (a host's failed reload) stays expanded.
+          var open = Array.prototype.map.call(
+            live.querySelectorAll("details[open][id]"), function (d) { return d.id; });
+          live.innerHTML = fresh.innerHTML;
+          open.forEach(function (id) {
+            var again = document.getElementById(id);
+            if (again) { again.open = true; }
+          });
+        }
         if (status) {
           status.textContent = "updated " + new Date().toLocaleTimeString();
           status.classList.remove("stale");
