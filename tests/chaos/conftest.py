@@ -93,16 +93,21 @@ def chaos_seed(request: pytest.FixtureRequest) -> int:
 
 @dataclass
 class ChaosBroker:
-    name: str  # embedded, redis, rabbitmq
+    name: str  # embedded, redis, rabbitmq, rabbitmq-quorum (every queue a quorum queue)
     url: str
 
 
 @pytest.fixture(params=EMBEDDED)
 def chaos_broker(request: pytest.FixtureRequest) -> ChaosBroker:
     """The broker of a row; parametrize ``indirect=True`` with R_BROKERS for R rows."""
-    fixture = {"redis": "redis_url", "embedded": "embedded_url", "rabbitmq": "rabbitmq_url"}
+    fixture = {"redis": "redis_url", "embedded": "embedded_url", "rabbitmq": "rabbitmq_url",
+               "rabbitmq-quorum": "rabbitmq_url"}
     name = str(request.param)
-    return ChaosBroker(name, str(request.getfixturevalue(fixture[name])))
+    url = str(request.getfixturevalue(fixture[name]))
+    if name == "rabbitmq-quorum":  # every queue of the row a quorum queue
+        url = ";".join(f"{one}{'&' if '?' in one else '?'}queue_type=quorum"
+                       for one in url.split(";"))
+    return ChaosBroker(name, url)
 
 
 @dataclass
@@ -323,5 +328,6 @@ def chaos(chaos_broker: ChaosBroker, chaos_seed: int, tmp_path: Path) -> Iterato
     finally:
         procs.stop_all()
         delete_queues(client, [apps.name(kind, prefix) for kind in
-                               ("flow", "a", "b", "delay", "poison", "hang", "hog")])
+                               ("flow", "a", "b", "delay", "poison", "hang", "hog",
+                                "take", "take1")])
         client.close()
