@@ -4,7 +4,9 @@
 
 One table row per chaos row and broker (the last line wins when a row ran twice), in the
 order the rows ran; the columns are the issue's fields, the residue summed (its parts in
-the notes when not 0) and the row-specific figures as notes.
+the notes when not 0), the row-specific figures as notes, and the run the line comes from
+(``run``, numbered; the runs are named above the table when the file merges several, e.g. a
+row re-run alone after a whole ``make chaos``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ def load(path: Path) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
+def run_of(line: dict[str, Any]) -> str:
+    """Which run the line comes from (lines written before runs were named: unknown)."""
+    return str(line.get("run") or "unnamed run")
+
+
 def cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -53,8 +60,14 @@ def render(lines: list[dict[str, Any]]) -> str:
            "What each row does and its threshold: docs/chaos.md.", ""]
     profiles = sorted({str(line.get("profile", "?")) for line in lines})
     out += [f"Profile: {', '.join(profiles)}. Rows: {len(lines)}.", ""]
-    out.append("| " + " | ".join([*COLUMNS, "notes"]) + " |")
-    out.append("|" + "---|" * (len(COLUMNS) + 1))
+    runs = list(dict.fromkeys(run_of(line) for line in lines))
+    if len(runs) > 1:
+        out += ["Runs (a row re-run alone replaces its line from the whole run):", ""]
+        out += [f"{n}. {run}: {sum(1 for line in lines if run_of(line) == run)} rows"
+                for n, run in enumerate(runs, 1)]
+        out.append("")
+    out.append("| " + " | ".join([*COLUMNS, "notes", "run"]) + " |")
+    out.append("|" + "---|" * (len(COLUMNS) + 2))
     for line in lines:
         cells = []
         for column in COLUMNS:
@@ -67,6 +80,7 @@ def render(lines: list[dict[str, Any]]) -> str:
         if isinstance(residue, dict) and any(residue.values()):
             notes["residue"] = residue
         cells.append("; ".join(f"{k}: {cell(v)}" for k, v in notes.items()))
+        cells.append(str(runs.index(run_of(line)) + 1))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

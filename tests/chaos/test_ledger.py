@@ -163,7 +163,8 @@ def test_report_renders_one_table_row_per_row_and_broker(tmp_path: Path) -> None
     first = {"row": "F1", "broker": "embedded", "seed": 1, "lost": 0, "residue": {"ready": 0},
              "wall_s": 1.5, "profile": "full", "extra": {"batch": 20}}
     rerun = {**first, "seed": 2, "residue": {"ready": 1, "keys": 2}}
-    other = {"row": "L1", "broker": "rabbitmq", "seed": 3, "recovery_p99_s": None}
+    other = {"row": "L1", "broker": "rabbitmq", "seed": 3, "recovery_p99_s": None,
+             "run": "L1 alone"}
     source.write_text("\n".join(json.dumps(line) for line in (first, other, rerun)) + "\ntorn{")
     assert report.main([str(source)]) == 0
     table = (tmp_path / "latest.md").read_text().splitlines()
@@ -171,3 +172,5 @@ def test_report_renders_one_table_row_per_row_and_broker(tmp_path: Path) -> None
     assert [row.split(" | ")[0] for row in rows] == ["| L1", "| F1"]  # the rerun is last
     assert "| 2 |" in rows[1] and "residue: ready 1, keys 2" in rows[1] and "batch: 20" in rows[1]
     assert " - |" in rows[0]  # None shows as -
+    assert "1. L1 alone: 1 rows" in table and "2. unnamed run: 1 rows" in table
+    assert rows[0].endswith("| 1 |") and rows[1].endswith("| 2 |")  # each line's run
