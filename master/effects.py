@@ -18,16 +18,22 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qcluster import exitcodes
 from qcluster.channel import Channel, slot_channel_pair
 from qcluster.errors import AppImportError, BrokerError, ConfigError, HandlerNotFound
 from qcluster.messages import GiveBack, MasterToSlot, SlotToMaster
 
+if TYPE_CHECKING:
+    from qcluster.master.template import Template
+
 logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+#: The key a watched non-slot socket (a reload template's) is reported under by wait().
+OTHER_SOCKET = -1
 #: Exceptions that end a forked slot, and the exit code the master decodes them by.
 CHILD_EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (HandlerNotFound, exitcodes.BOOT_ERROR),
@@ -45,6 +51,16 @@ def set_parent_death_signal() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def become_subreaper() -> None:
+    """Orphaned descendants are reparented to this process instead of init: the slots a
+    reload template double-forks become the master's children (it waits for them, and
+    they die with it). Other orphans (a handler's daemon) are reaped and ignored."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        logger.warning("PR_SET_CHILD_SUBREAPER failed (errno %d): reloaded slots would not "
+                       "be this master's children", ctypes.get_errno())
+
+
 def child_exit_code(exc: BaseException) -> int:
     return next((code for cls, code in CHILD_EXIT_CODES if isinstance(exc, cls)),
                 exitcodes.FAILURE)
@@ -58,6 +74,8 @@ class ProcessEffects:
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._channels: dict[int, Channel[SlotToMaster]] = {}
+        self._others: list[socket.socket] = []
+        """Watched sockets that are not slot channels (reload templates')."""
         self.fork_lock = threading.Lock()
         """Held by whoever opens a short-lived socket in another thread (the /healthz
         broker check): a fork meanwhile would leave a copy of it open in the slot."""
@@ -106,9 +124,41 @@ class ProcessEffects:
             finally:
                 os._exit(code)
         slot_end.close()
+        self._watch_slot(pid, master_end)
+        return pid
+
+    def fork_via(self, template: Template, queue: str, slot_no: int) -> int | None:
+        """Have a reload template fork the slot (its channel end and TakeProgress memfd go
+        over with SCM_RIGHTS); None when the template did not answer."""
+        master_end, slot_end = slot_channel_pair()
+        progress = master_end.progress
+        assert progress is not None and progress.fd is not None
+        try:
+            pid = template.fork_slot(queue, slot_no, slot_end.fileno(), progress.fd)
+        finally:
+            slot_end.close()
+        if pid is None:
+            master_end.close()
+            return None
+        self._watch_slot(pid, master_end)
+        return pid
+
+    def _watch_slot(self, pid: int, master_end: Channel[SlotToMaster]) -> None:
+        if master_end.progress is not None:
+            master_end.progress.close_fd()  # the slot has its mapping: nothing to pass on
         self._channels[pid] = master_end
         self._selector.register(master_end.sock, selectors.EVENT_READ, pid)
-        return pid
+
+    def watch(self, sock: socket.socket) -> None:
+        """Wake the loop when ``sock`` is readable (reported as OTHER_SOCKET)."""
+        self._selector.register(sock, selectors.EVENT_READ, OTHER_SOCKET)
+        self._others.append(sock)
+
+    def unwatch(self, sock: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(sock)
+        if sock in self._others:
+            self._others.remove(sock)
 
     def receive(self, pid: int) -> list[SlotToMaster]:
         channel = self._channels.get(pid)
@@ -140,6 +190,8 @@ class ProcessEffects:
 
     def _become_slot(self, master_pid: int, queue: str, slot_no: int,
                      channel: Channel[MasterToSlot], main: SlotMain) -> int:
+        if channel.progress is not None:
+            channel.progress.close_fd()
         set_parent_death_signal()
         if os.getppid() != master_pid:  # the master died before prctl took effect
             return exitcodes.FAILURE
@@ -150,6 +202,8 @@ class ProcessEffects:
         self._selector.close()
         for other in self._channels.values():
             other.sock.close()
+        for sock in self._others:
+            sock.close()
         for fd in (self._wake_r.fileno(), self._wake_w.fileno(), *self.extra_fds):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -7,11 +7,13 @@ loop (qcluster.slot.aio).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -58,8 +60,11 @@ class App:
     ... def resize_photo(jobs): ...
     """
 
-    def __init__(self, name: str = "qcluster-app") -> None:
+    def __init__(self, name: str = "qcluster-app", *, version: str | None = None) -> None:
         self.name = name
+        self.version = version
+        """The code's version as the user names it (e.g. from an environment variable or
+        a file the deploy writes); None: a hash of the app's files (:func:`code_version`)."""
         self.queues: dict[str, QueueSpec] = {}
         self.periodic_jobs: dict[str, PeriodicSpec] = {}
         """``@app.periodic`` declarations by name; the manager enqueues their ticks."""
@@ -162,7 +167,7 @@ class App:
 
     def with_overrides(self, overrides: dict[str, dict[str, Any]]) -> App:
         """A copy whose policies have ``overrides`` (from qcluster.toml) applied."""
-        merged = App(self.name)
+        merged = App(self.name, version=self.version)
         merged.periodic_jobs = dict(self.periodic_jobs)
         for name, spec in self.queues.items():
             extra = overrides.get(name, {})
@@ -240,6 +245,32 @@ def _is_async(queue: str, handler: Callable[..., Any]) -> bool:
             f"queue {queue!r}: handler {name} is an async generator (it yields); a handler "
             "must do its work and return (write an async def without yield)")
     return any(inspect.iscoroutinefunction(f) for f in candidates)
+
+
+#: Hex digits of a code version computed from the app's files.
+VERSION_HEX_DIGITS = 12
+
+
+def code_version(app: App, target: str) -> str:
+    """``app.version`` when the user gave one, else a short hash of the app's source: the
+    ``.py`` files of the app module's top-level package (sorted by path, names and
+    contents), or the module's own file when it is not in a package."""
+    if app.version:
+        return app.version[:128]
+    module = sys.modules.get(target.partition(":")[0])
+    path = getattr(module, "__file__", None)
+    if module is None or path is None:
+        return ""
+    top = (module.__package__ or "").partition(".")[0]
+    root = Path(path).resolve().parent
+    for _ in range(module.__name__.count(".") - (0 if hasattr(module, "__path__") else 1)):
+        root = root.parent  # from the module's own package up to the top-level one
+    files = sorted(root.rglob("*.py")) if top else [Path(path).resolve()]
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(root.parent)).encode() + b"\0")
+        digest.update(file.read_bytes() + b"\0")
+    return digest.hexdigest()[:VERSION_HEX_DIGITS]
 
 
 def load_app(target: str) -> App:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import mmap
+import os
 import socket
 import struct
 from array import array
@@ -54,15 +55,33 @@ class TakeProgress(Progress):
     _ACTIVATE_AT = _ATTEMPTS_AT + 4 * CAPACITY
     _IDS_AT = _ACTIVATE_AT + 8 * CAPACITY
 
-    def __init__(self) -> None:
-        # Anonymous and shared: created before fork, both processes see the same pages
-        # (only the pages a take touches become resident).
-        self._map = mmap.mmap(-1, self._IDS_AT + self.IDS_BYTES)
+    SIZE = _IDS_AT + IDS_BYTES
+
+    def __init__(self, fd: int | None = None) -> None:
+        """A new shared area, or (``fd``) the one another process made and passed over
+        its channel (SCM_RIGHTS; the fd stays the caller's).
+
+        A memfd rather than an anonymous mapping: the master can hand it to a slot
+        forked by a reload template (master/template.py), which inherits nothing of the
+        master's. Both are shmem pages mapped MAP_SHARED: the slot's stores cost the
+        same (only the pages a take touches become resident)."""
+        self.fd: int | None = None
+        """The memfd while this process may still pass it on (see :meth:`close_fd`)."""
+        if fd is None:
+            fd = self.fd = os.memfd_create("qcluster-take", os.MFD_CLOEXEC)
+            os.ftruncate(fd, self.SIZE)
+        self._map = mmap.mmap(fd, self.SIZE)
         view = memoryview(self._map)
         self.states = view[self._STATES_AT : self._ATTEMPTS_AT]
         """One state byte per job of the take, by its index in the take."""
         self._attempts = view[self._ATTEMPTS_AT : self._ACTIVATE_AT].cast("i")
         self._activate = view[self._ACTIVATE_AT : self._IDS_AT].cast("d")
+
+    def close_fd(self) -> None:
+        """Close the memfd (the mapping stays): once the slot has it, nobody passes it on."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     @property
     def seq(self) -> int:
@@ -169,3 +188,14 @@ def slot_channel_pair() -> tuple[Channel[SlotToMaster], Channel[MasterToSlot]]:
     slot_end: Channel[MasterToSlot] = Channel(slot_sock, MASTER_TO_SLOT)
     master_end.progress = slot_end.progress = TakeProgress()
     return master_end, slot_end
+
+
+def send_with_fds(sock: socket.socket, message: BaseModel, fds: Sequence[int]) -> None:
+    """One JSON packet carrying ``fds`` (SCM_RIGHTS): a slot's channel end and memfd."""
+    socket.send_fds(sock, [message.model_dump_json().encode()], list(fds))
+
+
+def receive_with_fds(sock: socket.socket, max_fds: int = 4) -> tuple[bytes, list[int]]:
+    """One packet and the descriptors it carried (b"" on EOF)."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_PACKET_BYTES, max_fds)
+    return data, fds

@@ -1,0 +1,145 @@
+"""The reload template (master/template.py) with real processes: its answer (ready with
+the new code's version and policies, or failed with one line), and a slot forked through
+it: the slot's parent is the master (a child subreaper), and it dies with the master, as
+does the template."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qcluster.master.template import Failed, Ready, TemplateHandle, TemplateSpec, one_line
+from tests.conftest import ROOT, wait_until
+
+GOOD = '''
+from qcluster import App
+
+app = App("t", version="{version}")
+
+
+@app.queue("tq", batch_size=7)
+def handle(jobs):
+    pass
+'''
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    directory = tmp_path / "app"
+    directory.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(directory), str(ROOT)]))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    yield directory
+
+
+def answer(handle: TemplateHandle) -> Ready | Failed:
+    try:
+        wait_until(lambda: handle.poll() is not None, timeout_s=30, message="an answer")
+        result = handle.poll()
+        assert result is not None
+        return result
+    finally:
+        handle.end()
+        os.waitpid(handle.pid, 0)
+
+
+def spec(tmp_path: Path, **fields: object) -> TemplateSpec:
+    return TemplateSpec.model_validate({
+        "app": "tmpl_app", "state_dir": str(tmp_path), "master_pid": os.getpid(),
+        "metrics": False, **fields})
+
+
+def test_ready_carries_the_new_version_and_policies(app_dir: Path, tmp_path: Path) -> None:
+    (app_dir / "tmpl_app.py").write_text(GOOD.format(version="v7"))
+    result = answer(TemplateHandle(spec(tmp_path, row=["tq"])))
+    assert isinstance(result, Ready)
+    assert result.version == "v7" and result.queues["tq"].batch_size == 7
+
+
+@pytest.mark.parametrize(("source", "error"), [
+    ("def broken(:\n", "SyntaxError: invalid syntax (tmpl_app.py, line 1)"),
+    ("raise RuntimeError('boom\\nsecond line')\n", "RuntimeError: boom second line"),
+    ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
+    ("x = 1\n", "AppImportError: tmpl_app:app is NoneType, expected a qcluster.App"),
+])
+def test_any_import_failure_is_one_line(app_dir: Path, tmp_path: Path, source: str,
+                                        error: str) -> None:
+    (app_dir / "tmpl_app.py").write_text(source)
+    result = answer(TemplateHandle(spec(tmp_path)))
+    assert isinstance(result, Failed) and result.error == error
+
+
+def test_a_queue_of_the_row_without_handler_fails(app_dir: Path, tmp_path: Path) -> None:
+    (app_dir / "tmpl_app.py").write_text(GOOD.format(version="v1"))
+    result = answer(TemplateHandle(spec(tmp_path, row=["tq", "gone"])))
+    assert isinstance(result, Failed) and "no handler for queue 'gone'" in result.error
+
+
+def test_one_line_keeps_type_and_message() -> None:
+    assert one_line(ValueError("a\n  b")) == "ValueError: a b"
+    assert one_line(KeyError()) == "KeyError: KeyError()"
+
+
+MASTER = '''
+import json, os, sys, time
+from qcluster.master.effects import ProcessEffects, become_subreaper
+from qcluster.master.template import Ready, TemplateHandle, TemplateSpec
+from qcluster.messages import SlotHello
+
+become_subreaper()
+spec = TemplateSpec(app="tmpl_app", broker_url=sys.argv[1], state_dir=sys.argv[2],
+                    master_pid=os.getpid(), row=["tq"], metrics=False)
+handle = TemplateHandle(spec)
+while not isinstance(handle.poll(), Ready):
+    time.sleep(0.02)
+effects = ProcessEffects()
+pid = effects.fork_via(handle, "tq", 0)
+while not any(isinstance(m, SlotHello) for m in effects.receive(pid)):
+    time.sleep(0.02)
+print(json.dumps({"slot": pid, "template": handle.pid}), flush=True)
+time.sleep(600)
+'''
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_slot_forked_through_the_template_is_the_masters_child_and_dies_with_it(
+    app_dir: Path, tmp_path: Path, embedded_url: str
+) -> None:
+    (app_dir / "tmpl_app.py").write_text(GOOD.format(version="v1"))
+    master = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(MASTER), embedded_url, str(tmp_path)],
+        stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert master.stdout is not None
+        line = master.stdout.readline()
+        pids = json.loads(line)
+        slot, template = pids["slot"], pids["template"]
+        assert parent_of(slot) == master.pid  # reparented to the subreaper, not to init
+        assert parent_of(template) == master.pid
+        master.send_signal(signal.SIGKILL)
+        master.wait()
+        wait_until(lambda: not alive(slot) and not alive(template), timeout_s=10,
+                   message="slot and template gone with the master")
+    finally:
+        if master.poll() is None:
+            os.killpg(master.pid, signal.SIGKILL)
+            master.wait()
+
