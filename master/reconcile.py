@@ -15,7 +15,12 @@ class LiveSlot:
     slot_no: int
     queue: str
     idle: bool
+    """Idle or starting: it has no batch to finish."""
     stopping: bool = False
+    generation: int = 0
+    """The code it was forked with (master/rollout.py replaces older ones)."""
+    starting: bool = False
+    """Forked, no hello yet."""
 
 
 @dataclass(frozen=True)
