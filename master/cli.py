@@ -96,16 +96,19 @@ def master(
     setup_logging(log_level)
     with user_errors():
         settings = settings_for(config, broker_url=broker, app=app, manager_url=manager)
-        supervisor, address = _prepare(settings, slots, host_name, listen, metrics_on)
+        supervisor, address = _prepare(settings, slots, host_name, listen, metrics_on,
+                                       config=config, log_level=log_level)
         code = _run(supervisor, address, settings.manager_url if slots is None else None)
     raise typer.Exit(code)
 
 
 def _prepare(settings: Settings, slots: str | None, host_name: str | None, listen: str,
-             metrics_on: bool) -> tuple[Supervisor, ListenAddress]:
+             metrics_on: bool, *, config: Path | None = None,
+             log_level: str = "INFO") -> tuple[Supervisor, ListenAddress]:
     """Everything checked and imported before the first fork; errors are one line."""
-    from qcluster.app import load_app
+    from qcluster.app import code_version, load_app
     from qcluster.master.supervisor import Supervisor
+    from qcluster.master.template import TemplateSpec
     from qcluster.security import check_server_security, parse_listen
     from qcluster.slot.runtime import run_slot
 
@@ -128,8 +131,13 @@ def _prepare(settings: Settings, slots: str | None, host_name: str | None, liste
         application.spec(queue)
     preimport_for_slots(settings.broker_url, metrics_on)
     check_broker(settings)
+    # A reload's template imports the app as here, re-reading the same configuration.
+    spec = TemplateSpec(app=settings.app, config=str(config) if config else None,
+                        broker_url=settings.broker_url, state_dir=str(settings.state_dir),
+                        master_pid=0, log_level=log_level, metrics=metrics_on)
     supervisor = Supervisor(application, settings, host_name=name, fixed_row=row,
-                            run_slot=run_slot)
+                            run_slot=run_slot, version=code_version(application, settings.app),
+                            template_spec=spec)
     return supervisor, address
 
 
@@ -170,8 +178,8 @@ def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None)
     health = BrokerHealth(settings.broker_url, settings.state_dir, supervisor.effects.fork_lock)
     server = serve(listen, lambda: supervisor.snapshot, supervisor.host_name, health.status)
     supervisor.extra_fds.append(server.socket.fileno())
-    logger.info("master %s: http://%s/metrics, queues %s", supervisor.host_name, listen,
-                ", ".join(sorted(supervisor.app.queues)))
+    logger.info("master %s: http://%s/metrics, queues %s, version %s", supervisor.host_name,
+                listen, ", ".join(sorted(supervisor.app.queues)), supervisor.reload.serving.version)
     if manager_url:
         Reporter(supervisor, manager_url, supervisor.settings.master.report_interval_s,
                  token=supervisor.settings.token).start()

@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from qcluster import metrics
+from qcluster.master.reload import RELOAD_RESULTS
 from qcluster.master.slots import RESTART_REASONS
 from qcluster.master.snapshot import Snapshot
 from qcluster.metrics import MASTER_METRICS_HELP
@@ -73,6 +74,7 @@ class MasterCollector:
             for reason in RESTART_REASONS:
                 restarts.add_metric([queue, reason], snap.restarts.get((queue, reason), 0))
         yield restarts
+        yield from _code_metrics(snap)
 
     def _per_slot(self, snap: Snapshot) -> Iterator[Any]:
         labels = ["slot", "queue"]
@@ -85,6 +87,22 @@ class MasterCollector:
             dirty.add_metric(key, info.private_dirty_bytes)
             seen.add_metric(key, snap.last_seen.get(info.slot_no, 0.0))
         yield from (pss, dirty, seen)
+
+
+def _code_metrics(snap: Snapshot) -> Iterator[Any]:
+    """The code the slots run, and reloads by result (master/reload.py)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    code = snap.code
+    info = _gauge("qcluster_master_code_info", labels=["version", "generation", "state"])
+    info.add_metric([code.version, str(code.generation), code.state], 1)
+    yield info
+    yield _gauge("qcluster_master_old_slots", value=code.old_slots)
+    name = "qcluster_master_reloads_total"
+    reloads = CounterMetricFamily(name, MASTER_METRICS_HELP[name], labels=["result"])
+    for result in RELOAD_RESULTS:
+        reloads.add_metric([result], snap.reloads.get(result, 0))
+    yield reloads
 
 
 def _gauge(name: str, **kwargs: Any) -> Any:
@@ -137,6 +155,7 @@ def host_json(snap: Snapshot) -> dict[str, Any]:
         "capacity_slots": snap.capacity_slots,
         "desired": snap.desired,
         "fatal": snap.fatal,
+        "code": snap.code.model_dump(),
     }
 
 

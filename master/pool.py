@@ -12,6 +12,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from qcluster import metrics
 from qcluster.master.counters import MasterCounters
@@ -34,7 +35,15 @@ MAX_PENDING_GIVE_BACKS = 256
 #: Which live slot settles a dead one's jobs first (an idle one answers soonest).
 _GIVE_BACK_ORDER = {"idle": 0, "busy": 1, "starting": 2}
 
+if TYPE_CHECKING:
+    from qcluster.master.template import Template
+
 logger = logging.getLogger("qcluster.master.supervisor")
+#: Called with a slot that said hello; with one that ended, its restart reason and code.
+OnHello = Callable[[SlotRecord], None]
+OnEnded = Callable[[SlotRecord, RestartReason | None, int], None]
+#: Called with a child that was no slot (a reload template; an orphan adopted as reaper).
+OnOtherChild = Callable[[int, int], None]
 
 
 class SlotPool:
@@ -49,13 +58,21 @@ class SlotPool:
         self.give_backs: list[GiveBack] = []
         """Dead slots' takes waiting for a live slot to settle them (the master has no
         broker connection)."""
+        self.template: Template | None = None
+        """Where slots are forked from: None the master itself, else a reload template."""
+        self.generation = 0
+        """The generation new slots get (see master/reload.py)."""
+        self.on_hello: OnHello = lambda slot: None
+        self.on_ended: OnEnded = lambda slot, reason, code: None
+        self.on_other_child: OnOtherChild = lambda pid, code: None
 
     def slot_of(self, pid: int) -> SlotRecord | None:
         return next((s for s in self.slots.values() if s.pid == pid), None)
 
     def live(self) -> list[LiveSlot]:
         """The slots as the reconcile step sees them."""
-        return [LiveSlot(s.slot_no, s.queue, s.state in ("idle", "starting"), s.stopping)
+        return [LiveSlot(s.slot_no, s.queue, s.state in ("idle", "starting"), s.stopping,
+                         s.generation, s.state == "starting")
                 for s in self.slots.values()]
 
     def apply(self, actions: Sequence[Action], now: float) -> None:
@@ -71,11 +88,16 @@ class SlotPool:
 
     def fork(self, queue: str, now: float) -> None:
         slot_no = next(n for n in range(len(self.slots) + 1) if n not in self.slots)
-        pid = self.effects.fork(queue, slot_no, self._slot_main)
+        if self.template is None:
+            pid = self.effects.fork(queue, slot_no, self._slot_main)
+        else:
+            pid = self.effects.fork_via(self.template, queue, slot_no)
         if pid is None:
             return
-        self.slots[slot_no] = SlotRecord(slot_no, pid, queue, self._wall_clock(), now, now)
-        logger.info("slot %d (pid %d) started on %s", slot_no, pid, queue)
+        self.slots[slot_no] = SlotRecord(slot_no, pid, queue, self._wall_clock(), now, now,
+                                         generation=self.generation)
+        logger.info("slot %d (pid %d) started on %s%s", slot_no, pid, queue,
+                    f" (generation {self.generation})" if self.generation else "")
 
     def stop(self, slot: SlotRecord, reason: str) -> None:
         """Graceful: the slot finishes and settles its batch, then exits."""
@@ -107,11 +129,13 @@ class SlotPool:
             elif isinstance(message, SlotHello):
                 self.backoff.on_booted(slot.queue)
                 self.hand_over_give_backs()
+                self.on_hello(slot)
 
     def ended(self, pid: int, code: int, now: float, *, master_stopping: bool) -> None:
         """A child ended: forget its slot, count its restart, start its queue's backoff."""
         slot = self.slot_of(pid)
         if slot is None:
+            self.on_other_child(pid, code)
             return
         self.receive(pid, now)  # its last packets (counters of its last batches)
         del self.slots[slot.slot_no]
@@ -121,6 +145,7 @@ class SlotPool:
         metrics.mark_slot_dead(slot.slot_no)
         logger.info("slot %d (pid %d, %s) exited with %d%s", slot.slot_no, pid, slot.queue,
                     code, f": restart ({reason})" if reason else "")
+        self.on_ended(slot, reason, code)
         if reason is None:
             return
         self.counters.count_restart(slot.queue, reason)

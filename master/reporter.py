@@ -43,11 +43,12 @@ def build_report(sup: Supervisor, interval_s: float, generation: int) -> HostRep
     return HostReport(
         host=sup.host_name, sent_at=now, interval_s=interval_s, facts=facts,
         capacity_slots=snap.capacity_slots,
-        queues={name: spec.policy for name, spec in sup.app.queues.items()},
+        queues=dict(sup.reload.serving.policies),
         slots=snap.slots,
         counters={q: QueueCounters(counters=counters.get(q, BatchCounters()),
                                    alive_s=alive.get(q, 0.0)) for q in queues},
         generation=generation,
+        code=snap.code,
     )
 
 
@@ -94,6 +95,7 @@ class Reporter:
         self.generation = assignment.generation
         self.interval_s = assignment.report_interval_s
         self.sup.set_row(assignment.row)
+        self.sup.set_reload_id(assignment.reload_id)
 
     def _give_back(self, report: HostReport) -> None:
         """Counters of an undelivered report go into the next one."""

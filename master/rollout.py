@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from qcluster.master.reconcile import Action, Fork, LiveSlot, Stop
+from qcluster.master.reconcile import Action, Fork, LiveSlot, Stop, plan_actions
 
 #: Share of the host's slots being replaced at once (at least one).
 IN_FLIGHT_SHARE = 0.25
@@ -31,6 +31,14 @@ def in_flight_limit(desired: Mapping[str, int]) -> int:
 
 def has_old(slots: Sequence[LiveSlot], generation: int) -> bool:
     return any(s.generation != generation for s in slots)
+
+
+def plan_pass(desired: Mapping[str, int], slots: Sequence[LiveSlot],
+              generation: int) -> list[Action]:
+    """The decide step's actions: the rollout while older slots live, else reconcile."""
+    if has_old(slots, generation):
+        return plan_rollout(desired, slots, generation)
+    return plan_actions(desired, slots)
 
 
 def plan_rollout(desired: Mapping[str, int], slots: Sequence[LiveSlot], generation: int,

@@ -65,6 +65,8 @@ class SlotRecord:
     pss_bytes: int = 0
     private_dirty_bytes: int = 0
     kill_reason: KillReason | None = None
+    generation: int = 0
+    """The code it was forked with: 0 the master's own, N the Nth reload template's."""
 
     @property
     def stopping(self) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from qcluster.master.capacity import CapacityLimits, HostSample, average_slot_pss
 from qcluster.master.slots import SlotRecord
-from qcluster.messages import SlotInfo
+from qcluster.messages import CodeInfo, SlotInfo
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,10 @@ class Snapshot:
     desired: dict[str, int] = field(default_factory=dict)
     fatal: dict[str, str] = field(default_factory=dict)
     """Queues no longer forked (repeated boot errors) -> why."""
+    code: CodeInfo = field(default_factory=CodeInfo)
+    """The code the slots run and the state of its reload (master/reload.py)."""
+    reloads: dict[str, int] = field(default_factory=dict)
+    """Reloads by result (took, failed) since the master started."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class HostView:
 def build_snapshot(
     slots: Iterable[SlotRecord], host: HostView, *, restarts: dict[tuple[str, str], int],
     desired: dict[str, int], fatal: dict[str, str], wall_now: float, mono_now: float,
+    code: CodeInfo | None = None, reloads: dict[str, int] | None = None,
 ) -> Snapshot:
     ordered = sorted(slots, key=lambda s: s.slot_no)
     sample = host.sample
@@ -52,4 +57,6 @@ def build_snapshot(
         restarts=restarts,
         desired=dict(desired),
         fatal=dict(fatal),
+        code=code or CodeInfo(),
+        reloads=dict(reloads or {}),
     )

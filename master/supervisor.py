@@ -25,13 +25,17 @@ from qcluster.channel import Channel
 from qcluster.config import Settings
 from qcluster.master.capacity import CapacityLimits, capacity
 from qcluster.master.counters import MasterCounters
-from qcluster.master.effects import ProcessEffects
+from qcluster.master.effects import ProcessEffects, become_subreaper
 from qcluster.master.pool import SlotPool
 from qcluster.master.probe import read_slot_memory, sample_host
-from qcluster.master.reconcile import clip_to_capacity, plan_actions
+from qcluster.master.reconcile import clip_to_capacity
+from qcluster.master.reload import CodeSource, Reloader
+from qcluster.master.rollout import plan_pass
 from qcluster.master.snapshot import HostView, Snapshot, build_snapshot
+from qcluster.master.template import TemplateSpec
 from qcluster.master.watch import WatchLimits, dirty_kill_bytes, next_deadline, verdict, wake_in
 from qcluster.messages import BatchCounters, MasterToSlot
+from qcluster.policy import QueuePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ TICK_S = 1.0
 """The longest the loop sleeps: silence, a failed switch and the row are looked at again."""
 MEMORY_PROBE_INTERVAL_S = 2.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DEFAULT_POLICY = QueuePolicy.model_validate({})
 
 
 def capacity_limits(settings: Settings) -> CapacityLimits:
@@ -62,7 +67,8 @@ class Supervisor:
 
     def __init__(self, app: App, settings: Settings, *, host_name: str,
                  fixed_row: dict[str, int] | None, run_slot: Callable[..., int],
-                 effects: ProcessEffects | None = None) -> None:
+                 effects: ProcessEffects | None = None, version: str = "",
+                 template_spec: TemplateSpec | None = None) -> None:
         self.app, self.settings, self.host_name, self.run_slot = app, settings, host_name, run_slot
         self.row = fixed_row if fixed_row is not None else default_row(app)
         self.counters = MasterCounters()
@@ -80,12 +86,22 @@ class Supervisor:
         self._due_at = 0.0
         """When the loop must decide again without a new event (tick, backoff end, stop)."""
         self._desired: dict[str, int] = {}
+        base = CodeSource(0, version, {name: q.policy for name, q in app.queues.items()})
+        spec = template_spec or TemplateSpec(app=settings.app or "", master_pid=0,
+                                             broker_url=settings.broker_url,
+                                             state_dir=str(settings.state_dir))
+        self.reload = Reloader(self.pool, self.effects, base, spec, self._row_queues)
 
     def set_row(self, row: dict[str, int]) -> None:
         """Called by the reporter thread with the manager's row (unknown queues dropped)."""
         with self._row_lock:
-            self.row = {queue: n for queue, n in row.items() if queue in self.app.queues}
+            self.row = {queue: n for queue, n in row.items() if queue in self.reload.policies()}
         self._due_at = 0.0  # decided at the loop's next wake-up (within TICK_S)
+
+    def set_reload_id(self, reload_id: str) -> None:
+        """Called by the reporter thread with the manager's Assignment.reload_id."""
+        self.reload.offer_reload_id(reload_id)
+        self._due_at = 0.0
 
     def take_counters(self) -> dict[str, BatchCounters]:
         return self.counters.take()
@@ -94,6 +110,7 @@ class Supervisor:
         self.effects.queue_signal(signum, frame)
 
     def run(self) -> int:
+        become_subreaper()  # slots a reload template forks are reparented to the master
         self.effects.install_signals()
         while True:
             code = self.step(time.monotonic())
@@ -124,7 +141,11 @@ class Supervisor:
         self.snapshot = build_snapshot(
             self.pool.slots.values(), self.host, restarts=self.counters.restarts(),
             desired=self._desired, fatal=self.pool.backoff.fatal, wall_now=time.time(),
-            mono_now=now)
+            mono_now=now, code=self.reload.info(), reloads=dict(self.reload.results))
+
+    def _row_queues(self) -> list[str]:
+        with self._row_lock:
+            return sorted(self.row)
 
     def _slot_main(self, queue: str, slot_no: int, channel: Channel[MasterToSlot]) -> int:
         """What a forked slot runs (in the child)."""
@@ -143,6 +164,7 @@ class Supervisor:
         for pid in ready:
             self.pool.receive(pid, now)
         changed |= self.pool.reap(now, master_stopping=self.stopping) > 0
+        changed |= not self.stopping and self.reload.observe(now)
         if now >= self._next_probe:
             self._next_probe = now + MEMORY_PROBE_INTERVAL_S
             self._probe()
@@ -150,9 +172,8 @@ class Supervisor:
         return changed
 
     def _on_signal(self, signum: int, now: float) -> None:
-        if signum == signal.SIGHUP:
-            logger.warning("SIGHUP received: ignored, there is no reload yet; "
-                           "SIGTERM stops the master")
+        if signum == signal.SIGHUP and not self.stopping:
+            self.reload.start("SIGHUP", now)
         elif signum in STOP_SIGNALS and self.stopping:
             logger.warning("second stop signal: killing every slot now")
             self.forced = True
@@ -161,6 +182,7 @@ class Supervisor:
             logger.info("stopping: every slot finishes and settles its batch "
                         "(Ctrl-C again forces)")
             self.stopping = True
+            self.reload.shutdown()
             self._stop_deadline = now + self.settings.master.graceful_timeout_s
             for slot in list(self.pool.slots.values()):
                 self.pool.stop(slot, "master stopping")
@@ -178,8 +200,9 @@ class Supervisor:
     # --- decide and act --------------------------------------------------------
 
     def _decide_and_act(self, now: float) -> None:
+        policies = self.reload.policies()
         for slot in list(self.pool.slots.values()):
-            limit_mb = self.app.spec(slot.queue).policy.private_dirty_limit_mb
+            limit_mb = policies.get(slot.queue, DEFAULT_POLICY).private_dirty_limit_mb
             kill_bytes = dirty_kill_bytes(limit_mb, self.watch_limits)
             if (reason := verdict(slot, now, self.watch_limits, kill_bytes)) is not None:
                 self.pool.kill(slot, reason)
@@ -196,7 +219,8 @@ class Supervisor:
         fatal = self.pool.backoff.fatal
         with self._row_lock:
             row = {queue: n for queue, n in self.row.items() if queue not in fatal}
-        priorities = {name: spec.policy.priority for name, spec in self.app.queues.items()}
+        priorities = {name: p.priority for name, p in self.reload.serving.policies.items()}
         capacity_slots = self.host.capacity_slots or len(self.pool.slots)
         self._desired = clip_to_capacity(row, capacity_slots, priorities)
-        self.pool.apply(plan_actions(self._desired, self.pool.live()), now)
+        self.pool.apply(plan_pass(self._desired, self.pool.live(), self.pool.generation), now)
+        self.reload.after_pass()

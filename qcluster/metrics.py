@@ -200,6 +200,11 @@ MASTER_METRICS_HELP: dict[str, str] = {
     "qcluster_slot_last_seen_timestamp_seconds":
         "Last message from each slot (unix time).",  # {slot, queue}
     "qcluster_slot_restarts_total": "Slot restarts by queue and reason.",  # {queue, reason}
+    "qcluster_master_code_info":
+        "1 for the code new slots run: its version, generation and reload state.",
+        # {version, generation, state}
+    "qcluster_master_old_slots": "Slots still running older code during a reload.",
+    "qcluster_master_reloads_total": "Code reloads by result (took, failed).",  # {result}
 }
 MASTER_METRICS = tuple(MASTER_METRICS_HELP)
 

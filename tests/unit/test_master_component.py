@@ -57,6 +57,9 @@ class _KeptEnd:
     def close(self) -> None:
         pass
 
+    def fileno(self) -> int:
+        return self.channel.fileno()
+
 
 @dataclass
 class FakeOS:
@@ -133,6 +136,8 @@ class Harness:
         settings = load_settings(None).model_copy(update={"master": MasterSettings(**master)})
         self.sup = Supervisor(app, settings, host_name="h", fixed_row=row,
                               run_slot=_never_called)
+        # A SIGHUP reloads: no real template process here (tests that reload set theirs).
+        self.sup.reload.spawn = lambda spec: _SilentTemplate()
 
     # --- the fakes --------------------------------------------------------------
 
@@ -487,16 +492,49 @@ def test_second_sigint_kills_every_slot_now(h: Harness) -> None:
     assert len(h.os.forks) == 2
 
 
-def test_sighup_is_logged_and_changes_nothing(
-    h: Harness, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_sighup_starts_a_reload_and_stops_nothing(h: Harness) -> None:
+    """SIGHUP reloads the code (tests/unit/test_master_reload_component.py): the new
+    code is imported in a fresh template process while every slot keeps running."""
+    spawned: list[Any] = []
+    def spawn(spec: Any) -> Any:
+        spawned.append(spec)
+        return _SilentTemplate()
+
+    h.sup.reload.spawn = spawn
     started(h)
     h.signal(signal.SIGHUP)
     h.step()
     h.step(1.0)
-    assert "SIGHUP" in caplog.text
+    assert [spec.row for spec in spawned] == [[Q]]
+    assert h.sup.snapshot.code.state == "loading"
     assert h.os.kills == [] and h.returned is None
     assert set(h.states().values()) == {"idle"}
+
+
+class _SilentTemplate:
+    """A template that never answers (no process: SIGHUP in these tests only loads)."""
+
+    def __init__(self) -> None:
+        import socket
+
+        from qcluster.master.template import Failed, Ready
+
+        self.pid = 99_999
+        self.answer: Ready | Failed | None = None
+        self.ended = False
+        self.sock, self._other = socket.socketpair()
+
+    def poll(self) -> None:
+        return None
+
+    def fork_slot(self, queue: str, slot_no: int, channel_fd: int,
+                  progress_fd: int) -> int | None:
+        raise AssertionError("a template that never answered forks nothing")
+
+    def end(self) -> None:
+        self.ended = True
+        self.sock.close()
+        self._other.close()
 
 
 # --- added with the split: the fatal state, queued signals, monotonic durations -------

@@ -1,0 +1,261 @@
+"""Rolling code reload, the master's side: which code new slots are forked from, and the
+reload's state (``messages.CodeInfo``).
+
+::
+
+    idle/failed --SIGHUP or a new reload_id--> loading --template ready--> rolling
+                                                  |                           |
+          import error, template exit, timeout    |    first new slot of a    | no old
+                                                  v    queue: boot error      v slot left
+                                                failed <----------------------+  idle
+
+* loading: a fresh template process (master/template.py) imports the app anew; the
+  slots keep being forked from the current code meanwhile;
+* rolling: the template answered ready: every fork goes through it (new generation), and
+  the supervisor's decide step runs master/rollout.py until no older slot is left; then
+  the previous template is ended and the reload took;
+* failed: the new code is dropped (its template ended); when it failed during rolling,
+  forks go back to the previous code and the rollout replaces the new slots with it.
+
+A new request while loading starts over with a fresh template (the newest code); while
+rolling, a new template is started and, once ready, replaces the rolling one (every slot
+not of the newest code is replaced).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from qcluster.master.effects import ProcessEffects
+from qcluster.master.pool import SlotPool
+from qcluster.master.slots import RestartReason, SlotRecord
+from qcluster.master.template import Failed, Ready, Template, TemplateHandle, TemplateSpec
+from qcluster.messages import CodeInfo, ReloadState
+from qcluster.policy import QueuePolicy
+
+logger = logging.getLogger("qcluster.master.reload")
+
+#: Seconds a template has to import the app and answer.
+RELOAD_TIMEOUT_S = 60.0
+RELOAD_RESULTS = ("took", "failed")
+
+
+@dataclass
+class CodeSource:
+    """Code slots are forked from: the master's own (generation 0) or a template's."""
+
+    generation: int
+    version: str
+    policies: dict[str, QueuePolicy]
+    template: Template | None = None
+
+
+class ReloadRequests:
+    """The manager's ``Assignment.reload_id``s, handed over by the reporter thread (a
+    deque: appends are atomic). The first one a master sees is recorded, not acted on:
+    the master started on the newest code. Later, an id that differs is a request; ""
+    (a restarted manager forgot its ids) never is."""
+
+    def __init__(self) -> None:
+        self.last = ""
+        """The last id recorded or acted on (reported as CodeInfo.reload_id)."""
+        self._offered: deque[str] = deque()
+        self._seen_one = False
+
+    def offer(self, reload_id: str) -> None:
+        self._offered.append(reload_id)
+
+    def new(self) -> list[str]:
+        """Ids to act on now (the newest wins: each one starts over)."""
+        requested: list[str] = []
+        while self._offered:
+            reload_id = self._offered.popleft()
+            if not self._seen_one:
+                self._seen_one, self.last = True, reload_id
+            elif reload_id and reload_id != self.last:
+                self.last = reload_id
+                requested = [reload_id]
+        return requested
+
+
+class Reloader:
+    """The reload state machine; the supervisor's loop drives it (one thread)."""
+
+    def __init__(self, pool: SlotPool, effects: ProcessEffects, base: CodeSource,
+                 spec: TemplateSpec, row: Callable[[], list[str]], *,
+                 spawn: Callable[[TemplateSpec], Template] = TemplateHandle,
+                 timeout_s: float = RELOAD_TIMEOUT_S) -> None:
+        self.pool, self.effects, self.spawn = pool, effects, spawn
+        self._spec, self._row = spec, row
+        """What a template is told (the row's queues and this pid filled in at spawn)."""
+        self.timeout_s = timeout_s
+        self.serving = base
+        """Where new slots come from (the newest code once its template is ready)."""
+        self.previous: CodeSource | None = None
+        """What ``serving`` replaces while rolling (an abort goes back to it)."""
+        self.loading: Template | None = None
+        self._loading_since = 0.0
+        self.state: ReloadState = "idle"
+        self.error = ""
+        self.old_slots = 0
+        self.results = dict.fromkeys(RELOAD_RESULTS, 0)
+        self._booted: set[str] = set()
+        self._hello_seen = False
+        """A new slot said hello during a rollout: decide now (an old slot may retire)."""
+        self.requests = ReloadRequests()
+        self._next_generation = base.generation + 1
+        pool.on_hello, pool.on_ended = self._on_hello, self._on_ended
+        pool.on_other_child = self._on_other_child
+
+    def policies(self) -> dict[str, QueuePolicy]:
+        """Every queue a live slot may run, the newest code's policy first."""
+        older = self.previous.policies if self.previous else {}
+        return {**older, **self.serving.policies}
+
+    def offer_reload_id(self, reload_id: str) -> None:
+        """From the reporter thread: the manager's Assignment.reload_id."""
+        self.requests.offer(reload_id)
+
+    def start(self, why: str, now: float) -> None:
+        """Import the newest code in a fresh template (a loading one is ended first)."""
+        if self.loading is not None:
+            self._end(self.loading)
+            self.loading = None
+        spec = self._spec.model_copy(update={"row": self._row(), "master_pid": os.getpid()})
+        self.state = "loading"
+        try:
+            self.loading = self.spawn(spec)
+        except OSError as exc:  # no process, no memory, no descriptor left
+            self._fail(f"cannot start a template process: {exc}")
+            return
+        self.effects.watch(self.loading.sock)
+        self._loading_since = now
+        self.error = ""
+        logger.info("reload started (%s): importing the app anew in template pid %d",
+                    why, self.loading.pid)
+
+    def observe(self, now: float) -> bool:
+        """Requests from the manager, the template's answer or its timeout; True when the
+        decide step should run."""
+        changed = self._hello_seen
+        for reload_id in self.requests.new():
+            self.start(f"manager request {reload_id}", now)
+            changed = True
+        self._hello_seen = False
+        if self.loading is None:
+            return changed
+        answer = self.loading.poll()
+        if isinstance(answer, Ready):
+            self._roll(answer)
+        elif isinstance(answer, Failed):
+            self._fail(answer.error)
+        elif now - self._loading_since > self.timeout_s:
+            self._fail(f"the template did not answer within {self.timeout_s:g} s")
+        else:
+            return changed
+        return True
+
+    def after_pass(self) -> None:
+        """After the decide step: the rollout is over once no older slot is left."""
+        generation = self.serving.generation
+        old_slots = sum(1 for s in self.pool.slots.values() if s.generation != generation)
+        self.old_slots = old_slots
+        if self.previous is None or old_slots:
+            return
+        self._end_source(self.previous)
+        self.previous = None
+        if self.state == "rolling":  # (not when a newer request is loading meanwhile)
+            self.state = "idle"
+        self.results["took"] += 1
+        logger.info("reload took: every slot runs version %s (generation %d)",
+                    self.serving.version, self.serving.generation)
+
+    def info(self) -> CodeInfo:
+        return CodeInfo(version=self.serving.version, generation=self.serving.generation,
+                        state=self.state, error=self.error[:2000],
+                        reload_id=self.requests.last[:64], old_slots=min(self.old_slots, 100_000))
+
+    def shutdown(self) -> None:
+        """The master stops: end every template (slots are the master's own children)."""
+        for handle in (self.loading, self.serving.template,
+                       self.previous.template if self.previous else None):
+            if handle is not None:
+                self._end(handle)
+        self.loading = None
+
+    # --- transitions -----------------------------------------------------------------
+
+    def _roll(self, ready: Ready) -> None:
+        assert self.loading is not None
+        self.effects.unwatch(self.loading.sock)  # its replies are read where asked for
+        source = CodeSource(self._next_generation, ready.version, ready.queues, self.loading)
+        self._next_generation += 1
+        self.loading = None
+        if self.previous is None:
+            self.previous = self.serving
+        else:
+            self._end_source(self.serving)  # a rolling reload superseded by this one
+        self._serve(source)
+        self.state, self._booted = "rolling", set()
+        logger.info("reload: version %s (generation %d) ready in template pid %d: replacing "
+                    "the slots a few at a time", ready.version, source.generation,
+                    source.template.pid if source.template else os.getpid())
+
+    def _fail(self, error: str) -> None:
+        if self.loading is not None:
+            self._end(self.loading)
+            self.loading = None
+        self.state, self.error = "failed", error
+        self.results["failed"] += 1
+        logger.error("reload failed, the old code keeps serving: %s", error)
+
+    def _abort(self, error: str) -> None:
+        """The new code cannot run: fork from the previous code again (the rollout then
+        replaces the new slots with it)."""
+        failed, back, self.previous = self.serving, self.previous, None
+        if back is not None:
+            self._serve(back)
+            self._end_source(failed)
+        self._fail(error)
+
+    def _serve(self, source: CodeSource) -> None:
+        self.serving = source
+        self.pool.template, self.pool.generation = source.template, source.generation
+
+    def _end_source(self, source: CodeSource) -> None:
+        if source.template is not None:
+            self._end(source.template)
+
+    def _end(self, handle: Template) -> None:
+        self.effects.unwatch(handle.sock)
+        handle.end()
+
+    # --- the pool's hooks ------------------------------------------------------------
+
+    def _on_hello(self, slot: SlotRecord) -> None:
+        if slot.generation == self.serving.generation:
+            self._booted.add(slot.queue)
+        self._hello_seen = self.previous is not None
+
+    def _on_ended(self, slot: SlotRecord, reason: RestartReason | None, code: int) -> None:
+        if (self.state == "rolling" and reason == "boot_error"
+                and slot.generation == self.serving.generation
+                and slot.queue not in self._booted):
+            self._abort(f"the first slot of queue {slot.queue} on version "
+                        f"{self.serving.version} could not boot (exit code {code}; its "
+                        "error is in the master's log)")
+
+    def _on_other_child(self, pid: int, code: int) -> None:
+        if self.loading is not None and pid == self.loading.pid and not self.loading.answer:
+            self._fail(f"the template exited with code {code} before it answered")
+        elif (self.serving.template is not None and pid == self.serving.template.pid
+                and not self.serving.template.ended):
+            logger.error("the template of version %s (pid %d) exited with code %d: "
+                         "reloading", self.serving.version, pid, code)
+            self.serving.template.ended = True
+            self.start("its template died", time.monotonic())
