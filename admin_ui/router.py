@@ -42,7 +42,8 @@ DEAD_JOBS_SHOWN = 50
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 #: What the overview says after a button did its work (``/?done=KIND&name=NAME``): fixed
 #: texts, so a crafted link cannot put words on the page.
-DONE = {"resume": "Queue {} resumed.", "undrain": "Host {} undrained.",
+DONE = {"pause": "Queue {} paused.", "resume": "Queue {} resumed.",
+        "drain": "Host {} drained.", "undrain": "Host {} undrained.",
         "reload": "Reload {} asked: its progress is under Code reload."}
 
 
@@ -114,21 +115,20 @@ def build_router(source: ClusterSource) -> APIRouter:
 def _action_routes(router: APIRouter, source: ActionSource) -> None:
     """The overview's buttons: each posts the page's token field to one of these."""
 
-    @router.post("/queues/{name}/resume", response_class=HTMLResponse)
-    def resume(request: Request, name: str, token: str = Form("")) -> Response:
-        def resumed(by: str) -> str:
-            source.resume(name)
-            return name
+    def control(kind: str, path: str, call: Callable[[str, str], object]) -> None:
+        def route(request: Request, name: str, token: str = Form("")) -> Response:
+            def done(by: str) -> str:
+                call(name, by)
+                return name
 
-        return _act(request, source, token, "resume", name, resumed)
+            return _act(request, source, token, kind, name, done)
 
-    @router.post("/hosts/{name}/undrain", response_class=HTMLResponse)
-    def undrain(request: Request, name: str, token: str = Form("")) -> Response:
-        def undrained(by: str) -> str:
-            source.undrain(name)
-            return name
+        router.post(path, response_class=HTMLResponse)(route)
 
-        return _act(request, source, token, "undrain", name, undrained)
+    control("pause", "/queues/{name}/pause", source.pause)
+    control("resume", "/queues/{name}/resume", lambda name, by: source.resume(name))
+    control("drain", "/hosts/{name}/drain", source.drain)
+    control("undrain", "/hosts/{name}/undrain", lambda name, by: source.undrain(name))
 
     @router.post("/hosts/{name}/reload", response_class=HTMLResponse)
     def reload_host(request: Request, name: str, token: str = Form("")) -> Response:

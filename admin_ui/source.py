@@ -71,12 +71,21 @@ class BrokerNodesSource(Protocol):
 
 @runtime_checkable
 class ActionSource(Protocol):
-    """A source whose page has buttons: resume a paused queue, undrain a drained host,
+    """A source whose page has buttons: pause and resume a queue, drain and undrain a host,
     reload one host's code or every host's (the manager; a fake may not, and then the page
     shows no button). The router checks the token (``token_name``) before calling one."""
 
     def token_name(self, token: str | None) -> str | None:
         """The name of the token ``token`` is (who acts); None: not a valid token."""
+        ...
+
+    def pause(self, queue: str, by: str) -> object:
+        """Plan no slot for ``queue`` until resumed, as ``by``. Raises BrokerError when the
+        broker does not store it."""
+        ...
+
+    def drain(self, host: str, by: str) -> object:
+        """Plan no slot on ``host`` until undrained, as ``by``. Raises BrokerError."""
         ...
 
     def resume(self, queue: str) -> None:

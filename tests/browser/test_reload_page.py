@@ -1,9 +1,9 @@
 """The admin page's code column, reload states and buttons in a real Chromium, served by a
 real manager app (uvicorn) on a real Redis: each host's code version and generation, a
 failed reload's error escaped (in full on hover and when expanded, kept expanded across the
-in-place refresh), the resume and undrain buttons lifting real controls (kept in the
-broker), the reload buttons starting a rollout whose id the host's next reply carries, and
-none of them working without the token."""
+in-place refresh), the pause, drain, resume and undrain buttons setting and lifting real
+controls (kept in the broker, with the token's name), the reload buttons starting a
+rollout whose id the host's next reply carries, and none of them without the token."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import httpx
 import pytest
 import uvicorn
 from playwright.sync_api import Page, expect
@@ -97,34 +96,40 @@ def test_each_host_shows_its_code_and_a_failed_reload_escaped(page: Page, served
     expect(page.locator(f'tr[data-host="{failed_host}"] .reload-state pre')).to_be_visible()
 
 
-def test_resume_and_undrain_buttons_lift_the_controls(page: Page, served: Served) -> None:
+def test_pause_drain_resume_undrain_buttons(page: Page, served: Served) -> None:
     host = served.hosts[0]
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    for path in (f"/api/v1/queues/{served.queue}/pause", f"/api/v1/hosts/{host}/drain"):
-        assert httpx.post(served.url + path, headers=auth, timeout=30).status_code == 200
     page.goto(served.url + "/")
-    resume = page.locator(f'#controls tr[data-control="pause:{served.queue}"] '
-                          'button[data-action="resume"]')
     token = page.locator("#actions input[name=token]")
+    pause = page.locator(f'tr[data-queue="{served.queue}"] button[data-action="pause"]')
     token.fill("not-the-token")
-    resume.click()
+    pause.click()
     expect(page.locator("h2")).to_have_text("Not authorised")
-    assert served.queue in served.service.state.paused
+    assert served.queue not in served.service.state.paused
 
     page.goto(served.url + "/")
     token.fill(OPS_TOKEN)
     token.press("Enter")  # Enter in the field submits nothing
     page.wait_for_timeout(500)
-    assert page.url == served.url + "/" and served.queue in served.service.state.paused
-    resume.click()
+    assert page.url == served.url + "/" and not served.service.state.paused
+    pause.click()
+    expect(page.locator("#action-done")).to_have_text(f"Queue {served.queue} paused.")
+    pause_row = page.locator(f'#controls tr[data-control="pause:{served.queue}"]')
+    expect(pause_row.locator(".control-by")).to_have_text("ops")
+    token.fill(TOKEN)
+    page.locator(f'tr[data-host="{host}"] button[data-action="drain"]').click()
+    expect(page.locator("#action-done")).to_have_text(f"Host {host} drained.")
+    drain_row = page.locator(f'#controls tr[data-control="drain:{host}"]')
+    expect(drain_row.locator(".control-by")).to_have_text("token")
+    stored = served.service.control_store.read()
+    assert stored is not None and {(c.kind, c.name, c.by) for c in stored.values()} == {
+        ("pause", served.queue, "ops"), ("drain", host, "token")}  # kept in the broker
+
+    token.fill(TOKEN)
+    pause_row.locator('button[data-action="resume"]').click()
     expect(page.locator("#action-done")).to_have_text(f"Queue {served.queue} resumed.")
     assert served.queue not in served.service.state.paused
-    stored = served.service.control_store.read()
-    assert stored is not None and not any(c.kind == "pause" for c in stored.values())
-
-    undrain = page.locator(f'tr[data-host="{host}"] button[data-action="undrain"]')
-    token.fill(TOKEN)
-    undrain.click()
+    token.fill(OPS_TOKEN)
+    page.locator(f'tr[data-host="{host}"] button[data-action="undrain"]').click()
     expect(page.locator("#action-done")).to_have_text(f"Host {host} undrained.")
     assert host not in served.service.state.drained
     assert served.service.control_store.read() == {}  # gone from the broker too
