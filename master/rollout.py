@@ -7,7 +7,10 @@ While slots forked with older code remain, this takes over from ``reconcile.plan
   graceful stop: it finishes and settles its batch, its read-ahead goes back uncharged),
   so the queue's ready slots (old + new, not stopping) never drop below its row;
 * while old slots remain and nothing of the queue is in flight, one new slot is forked
-  above the row (a replacement in flight), at most ``in_flight_limit`` on the host;
+  above the row. A replacement is in flight from that fork until the old slot it
+  retires has exited: one per queue, at most ``in_flight_limit`` on the host, so the
+  host never runs more than its row plus that many slots (a long batch being finished
+  by a retiring slot holds its queue's next replacement back);
 * scaling up forks new slots; scaling down stops old slots first, then new ones.
 
 No switching between queues during a rollout: an old slot runs old code. Running it twice
@@ -69,6 +72,8 @@ def _queue_plan(queue: str, want: int, slots: Sequence[LiveSlot],
                 generation: int) -> _QueuePlan:
     plan = _QueuePlan(queue)
     mine = [s for s in slots if s.queue == queue and not s.stopping]
+    retiring = sum(1 for s in slots if s.queue == queue and s.stopping
+                   and s.generation != generation)
     # Starting or idle old slots first (nothing to finish), then the youngest.
     old = sorted((s for s in mine if s.generation != generation),
                  key=lambda s: (not s.idle, -s.slot_no))
@@ -76,14 +81,15 @@ def _queue_plan(queue: str, want: int, slots: Sequence[LiveSlot],
     ready = [s for s in new if not s.starting]
     retire = min(len(old), max(0, len(ready) + len(old) - want))
     plan.actions.extend(Stop(s.slot_no) for s in old[:retire])
+    plan.in_flight = retiring + retire
     old_left = len(old) - retire
     surplus = len(new) + old_left - want
     if surplus < 0:
         plan.actions.extend(Fork(queue) for _ in range(-surplus))
     elif old_left and surplus == 0:
-        plan.wants_replacement = True
+        plan.wants_replacement = not plan.in_flight
     elif old_left:  # new slots starting above the row: one is the replacement in flight
-        plan.in_flight = 1
+        plan.in_flight += 1
         starting = sorted((s for s in new if s.starting), key=lambda s: -s.slot_no)
         plan.actions.extend(Stop(s.slot_no) for s in starting[:surplus - 1])
     elif surplus > 0:  # no old slot left here: an ordinary surplus, idle ones first
