@@ -44,8 +44,8 @@ def hosts_code(port: int) -> dict[str, dict[str, Any]]:
 
 def reload_all(port: int) -> subprocess.CompletedProcess[str]:
     env = qcluster_env(QCLUSTER_TOKEN=TOKEN, QCLUSTER_MANAGER_URL=f"http://127.0.0.1:{port}")
-    return subprocess.run([*QCLUSTER, "reload", "--all", "--wait", "--timeout", "60"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([*QCLUSTER, "reload", "--all", "--wait", "--timeout", "150"], env=env,
+                          capture_output=True, text=True, timeout=240)
 
 
 class Watcher(threading.Thread):
