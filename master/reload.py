@@ -251,11 +251,16 @@ class Reloader:
                         "error is in the master's log)")
 
     def _on_other_child(self, pid: int, code: int) -> None:
+        """A child that is no slot ended: a template (never signalled again: its pid is
+        free for another process now), or an orphan adopted as subreaper (ignored)."""
+        previous = self.previous.template if self.previous else None
+        for handle in (self.loading, self.serving.template, previous):
+            if handle is not None and handle.pid == pid:
+                handle.reaped = True
         if self.loading is not None and pid == self.loading.pid and not self.loading.answer:
             self._fail(f"the template exited with code {code} before it answered")
         elif (self.serving.template is not None and pid == self.serving.template.pid
                 and not self.serving.template.ended):
             logger.error("the template of version %s (pid %d) exited with code %d: "
                          "reloading", self.serving.version, pid, code)
-            self.serving.template.ended = True
             self.start("its template died", time.monotonic())

@@ -2,7 +2,8 @@
 
 The master cannot un-import its app, so a reload (SIGHUP, or the manager's
 ``Assignment.reload_id``) starts this module as a new process
-(``python -m qcluster.master.template SPEC FD``). It imports the app as the master did
+(``python -m qcluster.master.template FD``; a :class:`TemplateSpec` comes first on FD).
+It imports the app as the master did
 (``load_app`` + the ``[queues.X]`` overrides of a re-read qcluster.toml), checks every
 queue of the row has a handler, freezes the GC, and answers on its control socket with
 :class:`Ready` (version, queue policies) or :class:`Failed` (one line). Any exception at
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import signal
 import socket
@@ -42,6 +44,8 @@ from qcluster.channel import (
 )
 from qcluster.messages import MASTER_TO_SLOT, MasterToSlot
 from qcluster.policy import QueuePolicy
+
+logger = logging.getLogger(__name__)
 
 #: How long a slot waits to be reparented to the master after the middle child exits
 #: (microseconds in practice: the kernel reparents as the middle child exits).
@@ -113,8 +117,10 @@ def import_app(spec: TemplateSpec) -> tuple[Ready, object]:
 
 
 def main(argv: list[str]) -> int:
-    spec = TemplateSpec.model_validate_json(argv[0])
-    control = socket.socket(fileno=int(argv[1]))
+    control = socket.socket(fileno=int(argv[0]))
+    # The spec comes over the socket, not the command line: a broker URL may hold a
+    # password, and any local user can read a command line.
+    spec = TemplateSpec.model_validate_json(control.recv(MAX_PACKET_BYTES))
     from qcluster.cli_support import setup_logging
     from qcluster.master.effects import set_parent_death_signal
 
@@ -213,10 +219,7 @@ def become_slot(control: socket.socket, spec: TemplateSpec, app: object,
                             state_dir=Path(spec.state_dir), channel=channel,
                             slot_no=order.slot_no))
     except Exception as exc:  # the exit code tells the master a boot error from a crash
-        import logging
-
-        logging.getLogger(__name__).exception("slot %d (%s) failed", order.slot_no,
-                                              order.queue)
+        logger.exception("slot %d (%s) failed", order.slot_no, order.queue)
         return child_exit_code(exc)
 
 
@@ -227,6 +230,7 @@ class Template(Protocol):
     sock: socket.socket
     answer: Ready | Failed | None
     ended: bool
+    reaped: bool
 
     def poll(self) -> Ready | Failed | None: ...
 
@@ -243,18 +247,20 @@ class TemplateHandle:
     def __init__(self, spec: TemplateSpec) -> None:
         master_end, template_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         os.set_inheritable(template_end.fileno(), True)
-        args = [sys.executable, "-m", "qcluster.master.template", spec.model_dump_json(),
-                str(template_end.fileno())]
+        args = [sys.executable, "-m", "qcluster.master.template", str(template_end.fileno())]
         try:
             # posix_spawn, not subprocess: the master reaps every child itself
             # (waitpid(-1)), and a Popen object would race it for this one's status.
             self.pid = os.posix_spawn(sys.executable, args, dict(os.environ))
         finally:
             template_end.close()
+        master_end.send(spec.model_dump_json().encode())  # read first (a socket buffer)
         master_end.setblocking(False)
         self.sock = master_end
         self.answer: Ready | Failed | None = None
         self.ended = False
+        self.reaped = False
+        """The master has waited for it: its pid may be another process's now."""
 
     def poll(self) -> Ready | Failed | None:
         """Its answer once it came (a closed socket before it: Failed)."""
@@ -269,7 +275,10 @@ class TemplateHandle:
         if not packet:
             self.answer = self.answer or Failed(error="the template exited before it answered")
             return self.answer
-        reply = REPLY.validate_json(packet)
+        try:
+            reply = REPLY.validate_json(packet)
+        except ValueError as exc:
+            reply = Failed(error=f"the template's answer is not readable: {one_line(exc)}")
         self.answer = reply if isinstance(reply, Ready | Failed) else None
         return self.answer
 
@@ -277,16 +286,26 @@ class TemplateHandle:
                   timeout_s: float = 5.0) -> int | None:
         """The new slot's pid (the template forked it; it is the master's child), or None
         when the template did not answer within ``timeout_s``."""
-        self.sock.settimeout(timeout_s)
+        if self.ended:
+            return None
         try:
+            self.sock.settimeout(timeout_s)
             send_with_fds(self.sock, ForkSlot(queue=queue, slot_no=slot_no),
                           [channel_fd, progress_fd])
             packet = self.sock.recv(MAX_PACKET_BYTES)
             reply = REPLY.validate_json(packet) if packet else None
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            # A template that cannot fork in time is of no use: it is killed, and the
+            # master starts another when it reaps this one (reload.Reloader).
+            logger.error("reload template pid %d did not fork a slot: %s", self.pid,
+                         exc or "no answer")
+            if not self.reaped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
             reply = None
         finally:
-            self.sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                self.sock.setblocking(False)
         return reply.pid or None if isinstance(reply, Forked) else None
 
     def end(self) -> None:
@@ -294,8 +313,9 @@ class TemplateHandle:
         if not self.ended:
             self.ended = True
             self.sock.close()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+            if not self.reaped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -522,6 +522,7 @@ class _SilentTemplate:
         self.pid = 99_999
         self.answer: Ready | Failed | None = None
         self.ended = False
+        self.reaped = False
         self.sock, self._other = socket.socketpair()
 
     def poll(self) -> None:

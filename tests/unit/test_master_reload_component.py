@@ -26,6 +26,7 @@ class FakeTemplate:
         self.sock, self._other = socket.socketpair()
         self.answer: Ready | Failed | None = None
         self.ended = False
+        self.reaped = False
         self.forked: list[int] = []
 
     def poll(self) -> Ready | Failed | None:
@@ -281,3 +282,23 @@ def test_a_template_that_cannot_be_started_fails_the_reload_only(r: Reloading) -
     assert r.code().state == "failed" and "cannot start a template" in r.code().error
     h.step(1.0)
     assert h.live_pids() == old and h.returned is None
+
+
+def test_a_dead_serving_template_is_replaced_by_a_fresh_one(
+    r: Reloading, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = r.h
+    old = started(h)
+    h.signal(signal.SIGHUP)
+    h.step()
+    r.ready()
+    h.step()
+    serving = r.template
+    h.os.exits.append((serving.pid, 9))  # OOM-killed, or killed after a fork timeout
+    h.step()
+    assert len(r.templates) == 2 and r.code().state == "loading"
+    assert "exited with code -9: reloading" in caplog.text
+    assert set(old) <= set(h.live_pids())  # the slots are the master's: none lost
+    r.ready("v3")
+    h.step()
+    assert r.code().version == "v3" and serving.ended and serving.reaped

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -143,3 +144,44 @@ def test_a_slot_forked_through_the_template_is_the_masters_child_and_dies_with_i
             os.killpg(master.pid, signal.SIGKILL)
             master.wait()
 
+
+
+def test_the_spec_is_not_on_the_command_line(app_dir: Path, tmp_path: Path) -> None:
+    """A broker URL may hold a password: any local user can read a command line."""
+    (app_dir / "tmpl_app.py").write_text(GOOD.format(version="v1"))
+    handle = TemplateHandle(spec(tmp_path, broker_url="redis://:s3cret@127.0.0.1:1/0"))
+    try:
+        path = Path(f"/proc/{handle.pid}/cmdline")
+        wait_until(lambda: b"qcluster" in path.read_bytes(), timeout_s=10, message="exec")
+        cmdline = path.read_bytes()
+        assert b"s3cret" not in cmdline and b"qcluster.master.template" in cmdline
+    finally:
+        assert isinstance(answer(handle), Ready)
+
+
+def test_a_template_that_does_not_fork_in_time_is_killed(app_dir: Path,
+                                                          tmp_path: Path) -> None:
+    (app_dir / "tmpl_app.py").write_text("import time\ntime.sleep(30)\n")
+    handle = TemplateHandle(spec(tmp_path))
+    try:
+        a, b = socket.socketpair()
+        with a, b:
+            assert handle.fork_slot("tq", 0, a.fileno(), b.fileno(), timeout_s=0.5) is None
+        _, status = os.waitpid(handle.pid, 0)
+        assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    finally:
+        handle.end()
+
+
+def test_a_reaped_template_is_never_signalled(app_dir: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its pid may belong to another process once the master has waited for it."""
+    (app_dir / "tmpl_app.py").write_text(GOOD.format(version="v1"))
+    handle = TemplateHandle(spec(tmp_path))
+    os.kill(handle.pid, signal.SIGKILL)
+    os.waitpid(handle.pid, 0)
+    handle.reaped = True
+    kills: list[int] = []
+    monkeypatch.setattr(os, "kill", lambda pid, signum: kills.append(pid))
+    handle.end()
+    assert kills == [] and handle.ended
