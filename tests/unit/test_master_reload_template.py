@@ -185,3 +185,15 @@ def test_a_reaped_template_is_never_signalled(app_dir: Path, tmp_path: Path,
     monkeypatch.setattr(os, "kill", lambda pid, signum: kills.append(pid))
     handle.end()
     assert kills == [] and handle.ended
+
+
+def test_the_configuration_is_read_again(app_dir: Path, tmp_path: Path) -> None:
+    """[queues.X] overrides follow the code: the template reads qcluster.toml anew."""
+    (app_dir / "tmpl_app.py").write_text(GOOD.format(version="v1"))
+    config = tmp_path / "qcluster.toml"
+    config.write_text("[queues.tq]\nbatch_size = 9\n")
+    result = answer(TemplateHandle(spec(tmp_path, config=str(config))))
+    assert isinstance(result, Ready) and result.queues["tq"].batch_size == 9
+    config.write_text("[queues.tq]\nbatch_size = 0\n")
+    result = answer(TemplateHandle(spec(tmp_path, config=str(config))))
+    assert isinstance(result, Failed) and "queues.tq.batch_size" in result.error
