@@ -156,3 +156,16 @@ def test_a_restarted_manager_asks_no_host_to_reload(manager: Manager, redis_url:
 def test_openapi_lists_the_reload_routes(manager: Manager) -> None:
     paths = manager.client.get("/openapi.json").json()["paths"]
     assert {"/api/v1/reload", "/api/v1/hosts/{host}/reload"} <= set(paths)
+
+
+def test_a_drained_host_is_reloaded_too_and_an_expired_one_is_not(manager: Manager) -> None:
+    manager.report("old")
+    manager.now[0] += 3600  # "old" stopped reporting long ago
+    manager.report("a")
+    manager.report("d")
+    manager.service.drain("d")  # no slot planned, but its master runs: new code for later
+    try:
+        rollout = manager.reload().json()
+        assert [h["host"] for h in rollout["hosts"]] == ["a", "d"]
+    finally:
+        manager.service.undrain("d")  # the session's Redis is shared with other tests
