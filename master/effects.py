@@ -132,9 +132,11 @@ class ProcessEffects:
         over with SCM_RIGHTS); None when the template did not answer."""
         master_end, slot_end = slot_channel_pair()
         progress = master_end.progress
-        assert progress is not None and progress.fd is not None
+        if progress is not None and progress.fd is None:
+            master_end.progress = None  # no memfd to pass: this slot's take is not followed
         try:
-            pid = template.fork_slot(queue, slot_no, slot_end.fileno(), progress.fd)
+            pid = template.fork_slot(queue, slot_no, slot_end.fileno(),
+                                     progress.fd if progress else None)
         finally:
             slot_end.close()
         if pid is None:

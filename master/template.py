@@ -153,7 +153,7 @@ def serve(control: socket.socket, spec: TemplateSpec, app: object) -> int:
             return exitcodes.OK
         try:
             order = ForkSlot.model_validate_json(data)
-            pid = fork_slot(control, spec, app, order, fds) if len(fds) == 2 else 0
+            pid = fork_slot(control, spec, app, order, fds) if fds else 0
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -209,10 +209,10 @@ def become_slot(control: socket.socket, spec: TemplateSpec, app: object,
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal stops no batch
     control.close()
-    channel_fd, progress_fd = fds
-    channel: Channel[MasterToSlot] = Channel(socket.socket(fileno=channel_fd), MASTER_TO_SLOT)
-    channel.progress = TakeProgress(progress_fd)  # mmap keeps its own copy of the fd
-    os.close(progress_fd)
+    channel: Channel[MasterToSlot] = Channel(socket.socket(fileno=fds[0]), MASTER_TO_SLOT)
+    if len(fds) > 1:  # (none: the master has no memfd, this slot's take is not followed)
+        channel.progress = TakeProgress(fds[1])  # mmap keeps its own copy of the fd
+        os.close(fds[1])
     assert isinstance(app, App)
     try:
         return int(run_slot(app, order.queue, broker_url=spec.broker_url,
@@ -235,7 +235,7 @@ class Template(Protocol):
     def poll(self) -> Ready | Failed | None: ...
 
     def fork_slot(self, queue: str, slot_no: int, channel_fd: int,
-                  progress_fd: int) -> int | None: ...
+                  progress_fd: int | None) -> int | None: ...
 
     def end(self) -> None: ...
 
@@ -282,7 +282,7 @@ class TemplateHandle:
         self.answer = reply if isinstance(reply, Ready | Failed) else None
         return self.answer
 
-    def fork_slot(self, queue: str, slot_no: int, channel_fd: int, progress_fd: int,
+    def fork_slot(self, queue: str, slot_no: int, channel_fd: int, progress_fd: int | None,
                   timeout_s: float = 5.0) -> int | None:
         """The new slot's pid (the template forked it; it is the master's child), or None
         when the template did not answer within ``timeout_s``."""
@@ -290,8 +290,8 @@ class TemplateHandle:
             return None
         try:
             self.sock.settimeout(timeout_s)
-            send_with_fds(self.sock, ForkSlot(queue=queue, slot_no=slot_no),
-                          [channel_fd, progress_fd])
+            fds = [channel_fd] if progress_fd is None else [channel_fd, progress_fd]
+            send_with_fds(self.sock, ForkSlot(queue=queue, slot_no=slot_no), fds)
             packet = self.sock.recv(MAX_PACKET_BYTES)
             reply = REPLY.validate_json(packet) if packet else None
         except (OSError, ValueError) as exc:

@@ -68,8 +68,12 @@ class TakeProgress(Progress):
         self.fd: int | None = None
         """The memfd while this process may still pass it on (see :meth:`close_fd`)."""
         if fd is None:
-            fd = self.fd = os.memfd_create("qcluster-take", os.MFD_CLOEXEC)
-            os.ftruncate(fd, self.SIZE)
+            try:
+                fd = self.fd = os.memfd_create("qcluster-take", os.MFD_CLOEXEC)
+                os.ftruncate(fd, self.SIZE)
+            except OSError:  # no memfd here (a seccomp filter, an old kernel): shared
+                self.close_fd()  # all the same through fork, but it cannot be passed on
+                fd = -1
         self._map = mmap.mmap(fd, self.SIZE)
         view = memoryview(self._map)
         self.states = view[self._STATES_AT : self._ATTEMPTS_AT]

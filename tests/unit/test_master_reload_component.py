@@ -33,8 +33,8 @@ class FakeTemplate:
         return self.answer
 
     def fork_slot(self, queue: str, slot_no: int, channel_fd: int,
-                  progress_fd: int) -> int | None:
-        assert channel_fd >= 0 and progress_fd >= 0  # what goes over SCM_RIGHTS
+                  progress_fd: int | None) -> int | None:
+        assert channel_fd >= 0 and progress_fd is not None  # what goes over SCM_RIGHTS
         pid = self.h._fork()
         self.forked.append(pid)
         return pid

@@ -197,3 +197,25 @@ def test_the_configuration_is_read_again(app_dir: Path, tmp_path: Path) -> None:
     config.write_text("[queues.tq]\nbatch_size = 0\n")
     result = answer(TemplateHandle(spec(tmp_path, config=str(config))))
     assert isinstance(result, Failed) and "queues.tq.batch_size" in result.error
+
+
+def test_without_memfd_the_take_is_still_shared_through_fork(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seccomp filter may refuse memfd_create: the in-master fork path keeps working
+    (an anonymous shared mapping); only a template's slot cannot follow its take."""
+    from qcluster.channel import TakeProgress
+
+    def refused(name: str, flags: int = 0) -> int:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    progress = TakeProgress()
+    assert progress.fd is None
+    progress.states[0] = 3
+    pid = os.fork()
+    if pid == 0:
+        progress.states[1] = 4  # the child's store is seen by the parent
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert bytes(progress.states[:2]) == b"\x03\x04"
