@@ -243,12 +243,15 @@ class Reloader:
         self._hello_seen = self.previous is not None
 
     def _on_ended(self, slot: SlotRecord, reason: RestartReason | None, code: int) -> None:
-        if (self.state == "rolling" and reason == "boot_error"
+        """A new slot that dies before any slot of its queue on the new code said hello
+        (a boot error, a crash, killed as hung or for memory) aborts the reload: the
+        rollout would wait for that hello forever while the old slots serve."""
+        if (self.state == "rolling" and reason is not None
                 and slot.generation == self.serving.generation
                 and slot.queue not in self._booted):
             self._abort(f"the first slot of queue {slot.queue} on version "
-                        f"{self.serving.version} could not boot (exit code {code}; its "
-                        "error is in the master's log)")
+                        f"{self.serving.version} could not start ({reason}, exit code "
+                        f"{code}; its error is in the master's log)")
 
     def _on_other_child(self, pid: int, code: int) -> None:
         """A child that is no slot ended: a template (never signalled again: its pid is

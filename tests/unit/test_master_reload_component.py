@@ -172,7 +172,13 @@ def test_a_template_that_exits_before_answering_fails(r: Reloading) -> None:
     assert r.code().state == "failed" and "exited with code -9" in r.code().error
 
 
-def test_a_new_slot_that_cannot_boot_aborts_and_old_code_serves_again(r: Reloading) -> None:
+@pytest.mark.parametrize(("code", "reason"), [
+    (exitcodes.BOOT_ERROR, "boot_error"), (exitcodes.APP_IMPORT, "boot_error"),
+    (1, "crash"), (-9, "crash"),
+])
+def test_a_new_slot_that_cannot_start_aborts_and_old_code_serves_again(
+    r: Reloading, code: int, reason: str
+) -> None:
     h = r.h
     old = started(h)
     h.signal(signal.SIGHUP)
@@ -180,11 +186,12 @@ def test_a_new_slot_that_cannot_boot_aborts_and_old_code_serves_again(r: Reloadi
     r.ready()
     h.step()
     [new] = r.template.forked
-    h.exit(new, exitcodes.BOOT_ERROR)
+    h.os.end(new, code << 8 if code > 0 else -code)
     h.step()
-    code = r.code()
-    assert code.state == "failed" and f"queue {Q}" in code.error and "exit code 3" in code.error
-    assert code.generation == 0 and r.template.ended
+    info = r.code()
+    assert info.state == "failed" and f"queue {Q}" in info.error
+    assert f"({reason}, exit code {code};" in info.error
+    assert info.generation == 0 and r.template.ended
     assert set(old) <= set(h.live_pids()) and not r.stop_orders()
     h.step(1.0)  # past the boot error's backoff: nothing is missing, nothing forked
     assert len(r.template.forked) == 1 and set(h.live_pids()) == set(old)
@@ -302,3 +309,20 @@ def test_a_dead_serving_template_is_replaced_by_a_fresh_one(
     r.ready("v3")
     h.step()
     assert r.code().version == "v3" and serving.ended and serving.reaped
+
+
+def test_a_new_slot_that_dies_after_its_queue_booted_is_only_restarted(
+    r: Reloading
+) -> None:
+    h = r.h
+    started(h)
+    h.signal(signal.SIGHUP)
+    h.step()
+    r.ready()
+    h.step()
+    [new] = r.template.forked
+    h.hello(new)
+    h.step()
+    h.exit(new, 70)
+    h.step()
+    assert r.code().state == "rolling" and not r.template.ended
