@@ -22,6 +22,7 @@ from qcluster.manager.api import create_app
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from qcluster.messages import CodeInfo
+from tests.browser.conftest import screenshot
 from tests.conftest import free_port, wait_until
 from tests.unit.test_manager_state import report
 
@@ -176,6 +177,7 @@ def test_the_reload_buttons_start_a_rollout_one_host_at_a_time(page: Page,
     expect(page.locator(f'#reload li[data-step="{ok_host}"] .step-note')).to_have_text(
         "version 3f9a1c7e5b2d4a6c8e0f -> new, generation 3")
     expect(page.locator(".cluster-decision").first).to_contain_text("reload stopped")
+    screenshot(page, "reload-stopped")  # docs/img/admin-reload.png
 
     # One host, with the token; a wrong token starts nothing.
     token.fill("wrong")
