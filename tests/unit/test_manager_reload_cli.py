@@ -20,9 +20,10 @@ from typer.testing import CliRunner
 from qcluster.broker import open_broker
 from qcluster.cli import cli, register_commands
 from qcluster.config import load_settings
-from qcluster.controls_cli import RELOAD_FAILED, RELOAD_REFUSED
+from qcluster.controls_cli import RELOAD_FAILED, RELOAD_INCOMPLETE, RELOAD_REFUSED
 from qcluster.exitcodes import CONFIG, USAGE
 from qcluster.manager.api import create_app
+from qcluster.manager.reloads import ReloadBook
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from qcluster.messages import CodeInfo, ReloadState
@@ -168,3 +169,19 @@ def test_one_host_without_wait_and_the_refusals(cluster: Cluster) -> None:
     assert run("reload", "a", "--all", "--manager", cluster.url)[0] == USAGE
     assert run("reload", "bad name", "--manager", cluster.url)[0] == USAGE
     assert run("reload", "a", "--manager", cluster.url, token=None)[0] == CONFIG
+
+
+def test_wait_says_so_when_the_manager_forgot_the_rollout(cluster: Cluster) -> None:
+    """A manager restart loses a rollout in progress: --wait ends with 14 and says why
+    (the manager's memory is emptied here as a restart empties it)."""
+    cluster.masters[0].hold = True  # a stays rolling
+    forget = threading.Timer(1.5, lambda: setattr(cluster.service.state, "reloads",
+                                                  ReloadBook()))
+    forget.start()
+    try:
+        code, output = run("reload", "--all", "--wait", "--manager", cluster.url)
+    finally:
+        forget.cancel()
+        cluster.masters[0].hold = False
+    assert code == RELOAD_INCOMPLETE, output
+    assert "no longer knows reload r" in " ".join(output.split())
