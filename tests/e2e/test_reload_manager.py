@@ -4,14 +4,18 @@
 The app's version comes from a file beside it; the test changes it and runs ``qcluster
 reload --all --wait``: both hosts end on generation 1 with the new version, and the two
 were never loading or rolling at the same time (polled from /api/v1/cluster all along).
-Then the app is broken (it raises on import): the first host fails, the rollout stops with
-exit 13 and the second host is not asked (it keeps generation 1)."""
+The manager is then killed and started again: it forgets the reload ids and no master
+reloads. Then the app is broken (it raises on import) and a new rollout runs: the first
+host fails, the rollout stops with exit 13 and the second host is not asked (it keeps
+generation 1)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,15 @@ def reload_all(port: int) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=240)
 
 
+def start_manager(procs: Procs, redis_url: str, port: int) -> subprocess.Popen[bytes]:
+    manager = procs.start("manager", "manager", "--broker", redis_url, "--listen",
+                          f"127.0.0.1:{port}", "--interval", INTERVAL)
+    wait_until(lambda: try_json(port, "/healthz") or manager.poll() is not None,
+               message="manager up")
+    assert manager.poll() is None, procs.log("manager")
+    return manager
+
+
 class Watcher(threading.Thread):
     """Polls the manager's view of the hosts' code until stopped."""
 
@@ -76,9 +89,7 @@ def test_reload_all_one_host_at_a_time_then_a_broken_app_stops(redis_url: str,
                              "PYTHONPATH": os.pathsep.join([str(ROOT), str(code_dir)])})
     port = free_port()
     try:
-        procs.start("manager", "manager", "--broker", redis_url, "--listen",
-                    f"127.0.0.1:{port}", "--interval", INTERVAL)
-        wait_until(lambda: try_json(port, "/healthz"), message="manager up")
+        manager = start_manager(procs, redis_url, port)
         for host in hosts:
             procs.start(f"master-{host}", "master", "--app", module, "--broker", redis_url,
                         "--manager", f"http://127.0.0.1:{port}", "--host-name", host,
@@ -104,6 +115,18 @@ def test_reload_all_one_host_at_a_time_then_a_broken_app_stops(redis_url: str,
         rollout = try_json(port, "/api/v1/reload")
         first, second = rollout["hosts"]
         assert second["asked_at"] >= first["ended_at"]
+
+        # A restarted manager forgets every reload id and sends "": no master reloads.
+        os.killpg(manager.pid, signal.SIGKILL)
+        manager.wait()
+        manager = start_manager(procs, redis_url, port)
+        wait_until(lambda: set(hosts_code(port)) == set(hosts), message="both report again")
+        deadline = time.monotonic() + 3.0  # six report intervals
+        while time.monotonic() < deadline:
+            assert {(c["generation"], c["state"]) for c in hosts_code(port).values()} \
+                <= {(1, "idle")}
+            time.sleep(0.1)
+        assert try_json(port, "/api/v1/reload") is None
 
         (code_dir / f"{module}.py").write_text(
             APP.format(queue=queue) + '\nraise ImportError("v3 is broken")\n')
