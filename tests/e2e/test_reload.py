@@ -131,10 +131,12 @@ def test_reload_under_load_runs_every_job_once_and_ends_on_the_new_code(
     log = procs.log("master")
     assert "reload started (SIGHUP)" in log and "reload took" in log
     before = _rate(rows, hup_at - 2.5, hup_at)
-    during = _rate(rows, hup_at, max(done_at, hup_at + 1.0))
+    during = _rate(rows, hup_at, max(done_at, hup_at + 1.5))
     print(f"\nthroughput before {before:.0f} jobs/s, during the reload {during:.0f} jobs/s "
           f"({during / before:.2f}), reload took {done_at - hup_at:.1f} s")
-    assert during >= 0.5 * before  # 0.8 asked; measured and reported in docs/master.md
+    # The bar. Jobs sleep (I/O-like), so the figure depends on the slots serving,
+    # not on the shared CPUs: 0.96-1.05 in 8 runs, 3 of them beside two busy loops.
+    assert during >= 0.8 * before
 
 
 def _rate(rows: list[tuple[int, int, int, float]], start: float, end: float) -> float:
