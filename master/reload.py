@@ -5,8 +5,8 @@ reload's state (``messages.CodeInfo``).
 
     idle/failed --SIGHUP or a new reload_id--> loading --template ready--> rolling
                                                   |                           |
-          import error, template exit, timeout    |    first new slot of a    | no old
-                                                  v    queue: boot error      v slot left
+          import error, template exit, timeout    |  a queue's first new slot | no old
+                                                  v  dies before its hello    v slot left
                                                 failed <----------------------+  idle
 
 * loading: a fresh template process (master/template.py) imports the app anew; the
@@ -35,7 +35,7 @@ from qcluster.master.effects import ProcessEffects
 from qcluster.master.pool import SlotPool
 from qcluster.master.slots import RestartReason, SlotRecord
 from qcluster.master.template import Failed, Ready, Template, TemplateHandle, TemplateSpec
-from qcluster.messages import CodeInfo, ReloadState
+from qcluster.messages import MAX_SLOTS, CodeInfo, ReloadState
 from qcluster.policy import QueuePolicy
 
 logger = logging.getLogger("qcluster.master.reload")
@@ -106,7 +106,8 @@ class Reloader:
         self.results = dict.fromkeys(RELOAD_RESULTS, 0)
         self._booted: set[str] = set()
         self._hello_seen = False
-        """A new slot said hello during a rollout: decide now (an old slot may retire)."""
+        """A slot said hello: decide now (during a rollout an old slot may retire; hellos
+        are rare, unlike the per-batch messages a pass applies without deciding)."""
         self.requests = ReloadRequests()
         self._next_generation = base.generation + 1
         pool.on_hello, pool.on_ended = self._on_hello, self._on_ended
@@ -178,7 +179,8 @@ class Reloader:
     def info(self) -> CodeInfo:
         return CodeInfo(version=self.serving.version, generation=self.serving.generation,
                         state=self.state, error=self.error[:2000],
-                        reload_id=self.requests.last[:64], old_slots=min(self.old_slots, 100_000))
+                        reload_id=self.requests.last[:64],
+                        old_slots=min(self.old_slots, MAX_SLOTS))
 
     def shutdown(self) -> None:
         """The master stops: end every template (slots are the master's own children)."""
@@ -240,7 +242,7 @@ class Reloader:
     def _on_hello(self, slot: SlotRecord) -> None:
         if slot.generation == self.serving.generation:
             self._booted.add(slot.queue)
-        self._hello_seen = self.previous is not None
+        self._hello_seen = True  # during a rollout, an old slot may retire now
 
     def _on_ended(self, slot: SlotRecord, reason: RestartReason | None, code: int) -> None:
         """A new slot that dies before any slot of its queue on the new code said hello

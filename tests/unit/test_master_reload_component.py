@@ -326,3 +326,17 @@ def test_a_new_slot_that_dies_after_its_queue_booted_is_only_restarted(
     h.exit(new, 70)
     h.step()
     assert r.code().state == "rolling" and not r.template.ended
+
+
+def test_a_new_slots_hello_retires_an_old_one_in_the_same_pass(r: Reloading) -> None:
+    h = r.h
+    started(h)
+    h.signal(signal.SIGHUP)
+    h.step()
+    r.ready()
+    h.step()
+    [new] = r.template.forked
+    h.step(0.2)  # no tick due: a pass that only reads messages decides nothing
+    h.hello(new)
+    h.step()  # the hello alone: decided at once, not at the next tick
+    assert len(r.stop_orders()) == 1
