@@ -144,7 +144,8 @@ def test_a_stored_control_with_an_impossible_time_is_skipped(manager: Served,
         manager.service.read_controls()  # a round reads the broker's controls
         code, output = run("controls", "--json", manager_url=manager.url)
         assert code == 0, output
-        assert [c["name"] for c in json.loads(output)] == ["cli-good"]
+        names = [c["name"] for c in json.loads(output)]  # other tests' controls aside
+        assert "cli-good" in names and not {"cli-nan", "cli-far"} & set(names)
         assert run("resume", "cli-good", manager_url=manager.url)[0] == 0
     finally:
         raw.hdel(CONTROLS_KEY, *bad)
