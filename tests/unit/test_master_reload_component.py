@@ -340,3 +340,34 @@ def test_a_new_slots_hello_retires_an_old_one_in_the_same_pass(r: Reloading) -> 
     h.hello(new)
     h.step()  # the hello alone: decided at once, not at the next tick
     assert len(r.stop_orders()) == 1
+
+
+def test_after_an_abort_the_rollback_retires_at_each_hello(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for h in harness(monkeypatch, make_app(Q, "b"), {Q: 1, "b": 1}):
+        r = Reloading(h)
+        started(h)
+        h.signal(signal.SIGHUP)
+        h.step()
+        r.ready()
+        r.template.answer = Ready(version="v2", queues={q: QueuePolicy.model_validate({})
+                                                        for q in (Q, "b")})
+        h.step()
+        [new_b] = r.template.forked  # queues in name order: b first
+        h.hello(new_b)
+        h.step()
+        [old_b] = r.stop_orders()
+        h.exit(old_b, 0)
+        h.step()
+        new_q = r.template.forked[-1]
+        h.exit(new_q, exitcodes.BOOT_ERROR)  # the new code cannot run queue Q: abort
+        h.step()
+        assert r.code().state == "failed" and r.code().old_slots == 1  # new_b is old now
+        h.step(0.6)  # (the boot error's backoff)
+        back = h.os.forks[-1]  # forked by the master again: the previous code
+        assert back not in r.template.forked
+        h.step(0.2)
+        h.hello(back)
+        h.step()
+        assert r.stop_orders() == [new_b]
