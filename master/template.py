@@ -154,6 +154,9 @@ def serve(control: socket.socket, spec: TemplateSpec, app: object) -> int:
         try:
             order = ForkSlot.model_validate_json(data)
             pid = fork_slot(control, spec, app, order, fds) if fds else 0
+        except OSError as exc:  # no process left (EAGAIN), no memory: the master retries
+            logger.error("template: cannot fork a slot: %s", exc)
+            pid = 0
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
