@@ -329,5 +329,5 @@ def chaos(chaos_broker: ChaosBroker, chaos_seed: int, tmp_path: Path) -> Iterato
         procs.stop_all()
         delete_queues(client, [apps.name(kind, prefix) for kind in
                                ("flow", "a", "b", "delay", "poison", "hang", "hog",
-                                "take", "take1")])
+                                "take", "take1", "takeb1")])
         client.close()
