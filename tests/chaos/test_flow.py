@@ -283,7 +283,7 @@ def test_l4_soak_with_faults(chaos: ChaosRun) -> None:
     job (raise, exit, segv), a hanging job (killed at its deadline). Memory (the host's
     PSS: master and slots; the master's RSS; the manager's RSS) grows at most 10% from the
     end of the warm-up (the first third, while forked slots converge by copy-on-write) to
-    the end, and the last third is flat: its trend over a soak's length at most 10%
+    the end, and it is flat after the warm-up: its trend over a soak's length at most 10%
     (tests/chaos/soak.py); growth from 90 s is reported. Nothing lost; residue
     0. Each queue's slots are pinned (min_slots = max_slots), so the host's PSS compares
     like with like: a slot's share of the master's pages changes with the number of slots."""
@@ -340,7 +340,7 @@ def test_l4_soak_with_faults(chaos: ChaosRun) -> None:
         "L4", queues, faults=sum(faults.values()), allowed_dead=poison_ids,
         soak_min=minutes, fault_kinds=dict(faults),
         growth_from_warm={n: v.growth_from_warm for n, v in verdicts.items()},
-        last_third_trend={n: v.trend for n, v in verdicts.items()},
+        trend_after_warm={n: v.trend for n, v in verdicts.items()},
         growth_from_start={n: v.growth_from_start for n, v in verdicts.items()},
         mib_start_warm_end={n: [round(x / (1 << 20), 1) for x in (v.start, v.warm, v.end)]
                             for n, v in verdicts.items()},
