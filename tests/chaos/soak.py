@@ -1,4 +1,4 @@
-"""L4's memory rule: growth after a warm-up, and a flat last third (docs/chaos.md, L4).
+"""L4's memory rule: growth after a warm-up, and flat after it (docs/chaos.md, L4).
 
 A freshly forked slot shares its master's pages and copies them one by one as it touches
 them (copy-on-write), so a host's PSS climbs for minutes after every fork and then stays
