@@ -66,31 +66,23 @@ def child_exit_code(exc: BaseException) -> int:
                 exitcodes.FAILURE)
 
 
-class ProcessEffects:
+class SlotChannels:
+    """What the loop sleeps on: each slot's channel (by pid), other watched sockets (a
+    reload template's) and the socket a signal's wake-up byte is written to."""
+
     def __init__(self) -> None:
-        self.signals: deque[int] = deque()
-        self.extra_fds: list[int] = []
-        """Inherited descriptors a slot must close (the HTTP endpoint's socket)."""
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._channels: dict[int, Channel[SlotToMaster]] = {}
         self._others: list[socket.socket] = []
         """Watched sockets that are not slot channels (reload templates')."""
-        self.fork_lock = threading.Lock()
-        """Held by whoever opens a short-lived socket in another thread (the /healthz
-        broker check): a fork meanwhile would leave a copy of it open in the slot."""
 
-    def install_signals(self) -> None:
+    def wakeup_fd(self) -> int:
+        """The descriptor for ``signal.set_wakeup_fd``: a signal then wakes :meth:`wait`."""
         self._wake_w.setblocking(False)
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(signum, self.queue_signal)
-
-    def queue_signal(self, signum: int, frame: Any) -> None:
-        """The handler: NO LOGGING, just queue the signal (deque.append is atomic)."""
-        self.signals.append(signum)
+        return self._wake_w.fileno()
 
     def wait(self, timeout_s: float) -> list[int]:
         """Sleep until a channel has messages, a signal came, or ``timeout_s``; returns the
@@ -104,48 +96,8 @@ class ProcessEffects:
                 ready.append(key.data)
         return ready
 
-    def fork(self, queue: str, slot_no: int, main: SlotMain) -> int | None:
-        """Fork a slot running ``main``; returns its pid (its channel is watched by pid), or
-        None when another thread holds a socket this instant (the next pass forks)."""
-        if not self.fork_lock.acquire(blocking=False):
-            return None
-        master_pid = os.getpid()
-        try:
-            master_end, slot_end = slot_channel_pair()
-            pid = os.fork()
-        finally:
-            if os.getpid() == master_pid:
-                self.fork_lock.release()
-        if pid == 0:  # the slot
-            code = exitcodes.FAILURE
-            try:
-                master_end.close()
-                code = self._become_slot(master_pid, queue, slot_no, slot_end, main)
-            finally:
-                os._exit(code)
-        slot_end.close()
-        self._watch_slot(pid, master_end)
-        return pid
-
-    def fork_via(self, template: Template, queue: str, slot_no: int) -> int | None:
-        """Have a reload template fork the slot (its channel end and TakeProgress memfd go
-        over with SCM_RIGHTS); None when the template did not answer."""
-        master_end, slot_end = slot_channel_pair()
-        progress = master_end.progress
-        if progress is not None and progress.fd is None:
-            master_end.progress = None  # no memfd to pass: this slot's take is not followed
-        try:
-            pid = template.fork_slot(queue, slot_no, slot_end.fileno(),
-                                     progress.fd if progress else None)
-        finally:
-            slot_end.close()
-        if pid is None:
-            master_end.close()
-            return None
-        self._watch_slot(pid, master_end)
-        return pid
-
-    def _watch_slot(self, pid: int, master_end: Channel[SlotToMaster]) -> None:
+    def add(self, pid: int, master_end: Channel[SlotToMaster]) -> None:
+        """Watch a new slot's channel (its TakeProgress mapping stays, its memfd closes)."""
         if master_end.progress is not None:
             master_end.progress.close_fd()  # the slot has its mapping: nothing to pass on
         self._channels[pid] = master_end
@@ -190,6 +142,78 @@ class ProcessEffects:
                 self._selector.unregister(channel.sock)
             channel.close()
 
+    def close_in_child(self) -> None:
+        """In a forked slot: close the master's descriptors (the slot keeps its own end)."""
+        self._selector.close()
+        for other in self._channels.values():
+            other.sock.close()
+        for sock in self._others:
+            sock.close()
+        for fd in (self._wake_r.fileno(), self._wake_w.fileno()):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class ProcessEffects:
+    def __init__(self) -> None:
+        self.signals: deque[int] = deque()
+        self.channels = SlotChannels()
+        self.extra_fds: list[int] = []
+        """Inherited descriptors a slot must close (the HTTP endpoint's socket)."""
+        self.fork_lock = threading.Lock()
+        """Held by whoever opens a short-lived socket in another thread (the /healthz
+        broker check): a fork meanwhile would leave a copy of it open in the slot."""
+
+    def install_signals(self) -> None:
+        signal.set_wakeup_fd(self.channels.wakeup_fd(), warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, self.queue_signal)
+
+    def queue_signal(self, signum: int, frame: Any) -> None:
+        """The handler: NO LOGGING, just queue the signal (deque.append is atomic)."""
+        self.signals.append(signum)
+
+    def fork(self, queue: str, slot_no: int, main: SlotMain) -> int | None:
+        """Fork a slot running ``main``; returns its pid (its channel is watched by pid), or
+        None when another thread holds a socket this instant (the next pass forks)."""
+        if not self.fork_lock.acquire(blocking=False):
+            return None
+        master_pid = os.getpid()
+        try:
+            master_end, slot_end = slot_channel_pair()
+            pid = os.fork()
+        finally:
+            if os.getpid() == master_pid:
+                self.fork_lock.release()
+        if pid == 0:  # the slot
+            code = exitcodes.FAILURE
+            try:
+                master_end.close()
+                code = self._become_slot(master_pid, queue, slot_no, slot_end, main)
+            finally:
+                os._exit(code)
+        slot_end.close()
+        self.channels.add(pid, master_end)
+        return pid
+
+    def fork_via(self, template: Template, queue: str, slot_no: int) -> int | None:
+        """Have a reload template fork the slot (its channel end and TakeProgress memfd go
+        over with SCM_RIGHTS); None when the template did not answer."""
+        master_end, slot_end = slot_channel_pair()
+        progress = master_end.progress
+        if progress is not None and progress.fd is None:
+            master_end.progress = None  # no memfd to pass: this slot's take is not followed
+        try:
+            pid = template.fork_slot(queue, slot_no, slot_end.fileno(),
+                                     progress.fd if progress else None)
+        finally:
+            slot_end.close()
+        if pid is None:
+            master_end.close()
+            return None
+        self.channels.add(pid, master_end)
+        return pid
+
     def _become_slot(self, master_pid: int, queue: str, slot_no: int,
                      channel: Channel[MasterToSlot], main: SlotMain) -> int:
         if channel.progress is not None:
@@ -201,12 +225,8 @@ class ProcessEffects:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal stops no batch
-        self._selector.close()
-        for other in self._channels.values():
-            other.sock.close()
-        for sock in self._others:
-            sock.close()
-        for fd in (self._wake_r.fileno(), self._wake_w.fileno(), *self.extra_fds):
+        self.channels.close_in_child()
+        for fd in self.extra_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         try:

@@ -2,7 +2,9 @@
 
 The pool keeps each slot's :class:`~qcluster.master.slots.SlotRecord` (the pure state
 machine decides its transitions) and goes through :class:`ProcessEffects` for every
-effect on a process; restarts and job counters go to :class:`MasterCounters`.
+effect on a process (its :class:`SlotChannels` for messages); restarts and job counters go
+to :class:`MasterCounters`; :class:`GiveBacks` keeps dead slots' takes until a live slot
+settles them.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from qcluster import metrics
 from qcluster.master.counters import MasterCounters
-from qcluster.master.effects import ProcessEffects, SlotMain
+from qcluster.master.effects import ProcessEffects, SlotChannels, SlotMain
 from qcluster.master.reconcile import Action, Fork, LiveSlot, Stop, Switch
 from qcluster.master.slots import (
     KillReason,
@@ -50,14 +52,13 @@ class SlotPool:
     def __init__(self, effects: ProcessEffects, counters: MasterCounters,
                  slot_main: SlotMain, clock: Callable[[], float] = time.time) -> None:
         self.effects = effects
+        self.channels = effects.channels
         self.counters = counters
         self.backoff = RestartBackoff()
         self.slots: dict[int, SlotRecord] = {}
         self._slot_main = slot_main
         self._wall_clock = clock
-        self.give_backs: list[GiveBack] = []
-        """Dead slots' takes waiting for a live slot to settle them (the master has no
-        broker connection)."""
+        self.give_backs = GiveBacks(self.channels)
         self.template: Template | None = None
         """Where slots are forked from: None the master itself, else a reload template."""
         self.generation = 0
@@ -83,7 +84,7 @@ class SlotPool:
                 self.stop(self.slots[action.slot_no], "not in the row")
             elif isinstance(action, Switch):
                 slot = self.slots[action.slot_no]
-                if self.effects.send(slot.pid, SwitchQueue(queue=action.queue)):
+                if self.channels.send(slot.pid, SwitchQueue(queue=action.queue)):
                     slot.queue = action.queue
 
     def fork(self, queue: str, now: float) -> None:
@@ -104,7 +105,7 @@ class SlotPool:
         if slot.stopping:
             return
         slot.move("stopping", reason)
-        self.effects.send(slot.pid, StopSlot())
+        self.channels.send(slot.pid, StopSlot())
         self.effects.signal(slot.pid, signal.SIGTERM)
 
     def kill(self, slot: SlotRecord, reason: KillReason) -> None:
@@ -121,14 +122,14 @@ class SlotPool:
         slot = self.slot_of(pid)
         if slot is None:
             return
-        for message in self.effects.receive(pid):
+        for message in self.channels.receive(pid):
             on_message(slot, message, now)
             if isinstance(message, BatchDone):
                 self.counters.add_batch(message.queue, message.counters)
                 self.backoff.on_batch_done(slot.queue)
             elif isinstance(message, SlotHello):
                 self.backoff.on_booted(slot.queue)
-                self.hand_over_give_backs()
+                self.give_backs.hand_over(self.slots.values())
                 self.on_hello(slot)
 
     def ended(self, pid: int, code: int, now: float, *, master_stopping: bool) -> None:
@@ -140,8 +141,8 @@ class SlotPool:
         self.receive(pid, now)  # its last packets (counters of its last batches)
         del self.slots[slot.slot_no]
         reason = decode_exit(slot, code, master_stopping=master_stopping)
-        ran_a_job = self._keep_give_back(slot, reason, pid)
-        self.effects.forget(pid)
+        ran_a_job = self.give_backs.keep(reason, self.channels.last_take(pid))
+        self.channels.forget(pid)
         metrics.mark_slot_dead(slot.slot_no)
         logger.info("slot %d (pid %d, %s) exited with %d%s", slot.slot_no, pid, slot.queue,
                     code, f": restart ({reason})" if reason else "")
@@ -164,34 +165,8 @@ class SlotPool:
         for pid, code in ended:
             self.ended(pid, code, now, master_stopping=master_stopping)
         if ended:
-            self.hand_over_give_backs()
+            self.give_backs.hand_over(self.slots.values())
         return len(ended)
-
-    def _keep_give_back(self, slot: SlotRecord, reason: RestartReason | None,
-                        pid: int) -> bool:
-        """A slot that died holding a take: keep what to settle for it, in parts that fit
-        one packet each. True when it died running a job (the job is charged for it)."""
-        order = give_back(reason, self.effects.last_take(pid))
-        if order is None:
-            return False
-        self.give_backs = [*self.give_backs, *_in_packets(order)][-MAX_PENDING_GIVE_BACKS:]
-        return any(job[3] == Progress.RUNNING for job in order.jobs)
-
-    def hand_over_give_backs(self) -> None:
-        """Send each waiting give-back to a live slot (idle first), which settles it on
-        the broker between two batches; what no slot takes now waits for the next one."""
-        if not self.give_backs:
-            return
-        live = sorted((s for s in self.slots.values() if not s.stopping),
-                      key=lambda s: _GIVE_BACK_ORDER.get(s.state, 3))
-        while self.give_backs and live:
-            if not self.effects.send(live[0].pid, self.give_backs[0]):
-                live.pop(0)  # its buffer is full: the next one
-                continue
-            logger.info("slot %d (pid %d) settles %d jobs a dead slot held on %s",
-                        live[0].slot_no, live[0].pid, len(self.give_backs[0].jobs),
-                        self.give_backs[0].queue)
-            self.give_backs.pop(0)
 
     def bury_all(self, now: float) -> None:
         """SIGKILL every slot and wait for each (the master's last act)."""
@@ -202,6 +177,40 @@ class SlotPool:
                 break  # no child left to wait for
             for pid, code in ended:
                 self.ended(pid, code, now, master_stopping=True)
+
+
+class GiveBacks:
+    """Dead slots' takes waiting for a live slot to settle them on the broker (the master
+    has no broker connection)."""
+
+    def __init__(self, channels: SlotChannels) -> None:
+        self.channels = channels
+        self.waiting: list[GiveBack] = []
+
+    def keep(self, reason: RestartReason | None, last_take: GiveBack | None) -> bool:
+        """A slot that died holding a take: keep what to settle for it, in parts that fit
+        one packet each. True when it died running a job (the job is charged for it)."""
+        order = give_back(reason, last_take)
+        if order is None:
+            return False
+        self.waiting = [*self.waiting, *_in_packets(order)][-MAX_PENDING_GIVE_BACKS:]
+        return any(job[3] == Progress.RUNNING for job in order.jobs)
+
+    def hand_over(self, slots: Iterable[SlotRecord]) -> None:
+        """Send each waiting give-back to a live slot (idle first), which settles it on
+        the broker between two batches; what no slot takes now waits for the next one."""
+        if not self.waiting:
+            return
+        live = sorted((s for s in slots if not s.stopping),
+                      key=lambda s: _GIVE_BACK_ORDER.get(s.state, 3))
+        while self.waiting and live:
+            if not self.channels.send(live[0].pid, self.waiting[0]):
+                live.pop(0)  # its buffer is full: the next one
+                continue
+            logger.info("slot %d (pid %d) settles %d jobs a dead slot held on %s",
+                        live[0].slot_no, live[0].pid, len(self.waiting[0].jobs),
+                        self.waiting[0].queue)
+            self.waiting.pop(0)
 
 
 #: What one GiveBack part may carry: its ids plus 48 bytes a job stay under this

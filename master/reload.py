@@ -134,7 +134,7 @@ class Reloader:
         except OSError as exc:  # no process, no memory, no descriptor left
             self._fail(f"cannot start a template process: {exc}")
             return
-        self.effects.watch(self.loading.sock)
+        self.effects.channels.watch(self.loading.sock)
         self._loading_since = now
         self.error = ""
         logger.info("reload started (%s): importing the app anew in template pid %d",
@@ -194,7 +194,7 @@ class Reloader:
 
     def _roll(self, ready: Ready) -> None:
         assert self.loading is not None
-        self.effects.unwatch(self.loading.sock)  # its replies are read where asked for
+        self.effects.channels.unwatch(self.loading.sock)  # replies are read where asked for
         source = CodeSource(self._next_generation, ready.version, ready.queues, self.loading)
         self._next_generation += 1
         self.loading = None
@@ -234,7 +234,7 @@ class Reloader:
             self._end(source.template)
 
     def _end(self, handle: Template) -> None:
-        self.effects.unwatch(handle.sock)
+        self.effects.channels.unwatch(handle.sock)
         handle.end()
 
     # --- the pool's hooks ------------------------------------------------------------

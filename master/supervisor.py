@@ -120,7 +120,7 @@ class Supervisor:
     def step(self, now: float, *, block: bool = True) -> int | None:
         """One pass; returns the exit code once the master is done. ``block``: first sleep
         until something happens or the nearest deadline."""
-        ready = self.effects.wait(self._wake_in(now) if block else 0.0)
+        ready = self.effects.channels.wait(self._wake_in(now) if block else 0.0)
         now = time.monotonic() if block else now
         changed = self._observe(now, ready)
         deadline = next_deadline(self.pool.slots.values())

@@ -84,7 +84,7 @@ def test_the_check_holds_the_fork_lock_and_a_fork_waits_for_the_next_pass(
     assert forks == []
     assert effects.fork("q", 0, lambda *a: 0) == 4242
     assert not effects.fork_lock.locked()
-    effects.forget(4242)
+    effects.channels.forget(4242)
 
 
 def test_healthz_says_degraded_with_the_reason() -> None:

@@ -103,7 +103,7 @@ while not isinstance(handle.poll(), Ready):
     time.sleep(0.02)
 effects = ProcessEffects()
 pid = effects.fork_via(handle, "tq", 0)
-while not any(isinstance(m, SlotHello) for m in effects.receive(pid)):
+while not any(isinstance(m, SlotHello) for m in effects.channels.receive(pid)):
     time.sleep(0.02)
 print(json.dumps({"slot": pid, "template": handle.pid}), flush=True)
 time.sleep(600)
