@@ -179,7 +179,8 @@ def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None)
     server = serve(listen, lambda: supervisor.snapshot, supervisor.host_name, health.status)
     supervisor.extra_fds.append(server.socket.fileno())
     logger.info("master %s: http://%s/metrics, queues %s, version %s", supervisor.host_name,
-                listen, ", ".join(sorted(supervisor.app.queues)), supervisor.reload.serving.version)
+                listen, ", ".join(sorted(supervisor.app.queues)),
+                supervisor.reload.code.serving.version)
     if manager_url:
         Reporter(supervisor, manager_url, supervisor.settings.master.report_interval_s,
                  token=supervisor.settings.token).start()

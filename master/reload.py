@@ -1,5 +1,6 @@
-"""Rolling code reload, the master's side: which code new slots are forked from, and the
-reload's state (``messages.CodeInfo``).
+"""Rolling code reload, the master's side: which code new slots are forked from and the
+template processes behind it (:class:`CodeSources`), and the reload's state machine
+(:class:`Reloader`, reported as ``messages.CodeInfo``).
 
 ::
 
@@ -22,6 +23,7 @@ rolling, a new template is started and, once ready, replaces the rolling one (ev
 not of the newest code is replaced).
 """
 
+
 from __future__ import annotations
 
 import logging
@@ -31,7 +33,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qcluster.master.effects import ProcessEffects
 from qcluster.master.pool import SlotPool
 from qcluster.master.slots import RestartReason, SlotRecord
 from qcluster.master.template import Failed, Ready, Template, TemplateHandle, TemplateSpec
@@ -83,22 +84,103 @@ class ReloadRequests:
         return requested
 
 
-class Reloader:
-    """The reload state machine; the supervisor's loop drives it (one thread)."""
+class CodeSources:
+    """The code new slots are forked from and the template processes behind it: what
+    serves, what it replaces while rolling, a template still importing. The pool forks
+    from ``serving``; every template's socket is watched until it answers or ends."""
 
-    def __init__(self, pool: SlotPool, effects: ProcessEffects, base: CodeSource,
-                 spec: TemplateSpec, row: Callable[[], list[str]], *,
-                 spawn: Callable[[TemplateSpec], Template] = TemplateHandle,
-                 timeout_s: float = RELOAD_TIMEOUT_S) -> None:
-        self.pool, self.effects, self.spawn = pool, effects, spawn
-        self._spec, self._row = spec, row
-        """What a template is told (the row's queues and this pid filled in at spawn)."""
-        self.timeout_s = timeout_s
+    def __init__(self, pool: SlotPool, base: CodeSource) -> None:
+        self.pool = pool
         self.serving = base
         """Where new slots come from (the newest code once its template is ready)."""
         self.previous: CodeSource | None = None
         """What ``serving`` replaces while rolling (an abort goes back to it)."""
         self.loading: Template | None = None
+        self._next_generation = base.generation + 1
+
+    def policies(self) -> dict[str, QueuePolicy]:
+        """Every queue a live slot may run, the newest code's policy first."""
+        older = self.previous.policies if self.previous else {}
+        return {**older, **self.serving.policies}
+
+    def templates(self) -> list[Template]:
+        """The template processes there are: loading, serving, previous."""
+        previous = self.previous.template if self.previous else None
+        return [h for h in (self.loading, self.serving.template, previous) if h is not None]
+
+    def load(self, template: Template) -> None:
+        self.loading = template
+        self.pool.channels.watch(template.sock)
+
+    def drop_loading(self) -> None:
+        if self.loading is not None:
+            self.end(self.loading)
+            self.loading = None
+
+    def promote(self, ready: Ready) -> CodeSource:
+        """The loading template is ready: new slots come from it. What served becomes
+        ``previous`` (a rolling reload this one supersedes is ended instead)."""
+        assert self.loading is not None
+        self.pool.channels.unwatch(self.loading.sock)  # its replies are read where asked for
+        source = CodeSource(self._next_generation, ready.version, ready.queues, self.loading)
+        self._next_generation += 1
+        self.loading = None
+        if self.previous is None:
+            self.previous = self.serving
+        else:
+            self.end_source(self.serving)  # a rolling reload superseded by this one
+        self.serve(source)
+        return source
+
+    def fall_back(self) -> None:
+        """Fork from the previous code again and end the new code's template."""
+        failed, back, self.previous = self.serving, self.previous, None
+        if back is not None:
+            self.serve(back)
+            self.end_source(failed)
+
+    def retire_previous(self) -> None:
+        if self.previous is not None:
+            self.end_source(self.previous)
+            self.previous = None
+
+    def serve(self, source: CodeSource) -> None:
+        self.serving = source
+        self.pool.template, self.pool.generation = source.template, source.generation
+
+    def end_source(self, source: CodeSource) -> None:
+        if source.template is not None:
+            self.end(source.template)
+
+    def end(self, handle: Template) -> None:
+        self.pool.channels.unwatch(handle.sock)
+        handle.end()
+
+    def end_all(self) -> None:
+        for handle in self.templates():
+            self.end(handle)
+        self.loading = None
+
+    def mark_reaped(self, pid: int) -> None:
+        """A template ended: it is never signalled again (its pid is free for another
+        process now)."""
+        for handle in self.templates():
+            if handle.pid == pid:
+                handle.reaped = True
+
+
+class Reloader:
+    """The reload state machine; the supervisor's loop drives it (one thread)."""
+
+    def __init__(self, pool: SlotPool, base: CodeSource, spec: TemplateSpec,
+                 row: Callable[[], list[str]], *,
+                 spawn: Callable[[TemplateSpec], Template] = TemplateHandle,
+                 timeout_s: float = RELOAD_TIMEOUT_S) -> None:
+        self.pool, self.spawn = pool, spawn
+        self._spec, self._row = spec, row
+        """What a template is told (the row's queues and this pid filled in at spawn)."""
+        self.timeout_s = timeout_s
+        self.code = CodeSources(pool, base)
         self._loading_since = 0.0
         self.state: ReloadState = "idle"
         self.error = ""
@@ -109,14 +191,8 @@ class Reloader:
         """A slot said hello: decide now (during a rollout an old slot may retire; hellos
         are rare, unlike the per-batch messages a pass applies without deciding)."""
         self.requests = ReloadRequests()
-        self._next_generation = base.generation + 1
         pool.on_hello, pool.on_ended = self._on_hello, self._on_ended
         pool.on_other_child = self._on_other_child
-
-    def policies(self) -> dict[str, QueuePolicy]:
-        """Every queue a live slot may run, the newest code's policy first."""
-        older = self.previous.policies if self.previous else {}
-        return {**older, **self.serving.policies}
 
     def offer_reload_id(self, reload_id: str) -> None:
         """From the reporter thread: the manager's Assignment.reload_id."""
@@ -124,21 +200,19 @@ class Reloader:
 
     def start(self, why: str, now: float) -> None:
         """Import the newest code in a fresh template (a loading one is ended first)."""
-        if self.loading is not None:
-            self._end(self.loading)
-            self.loading = None
+        self.code.drop_loading()
         spec = self._spec.model_copy(update={"row": self._row(), "master_pid": os.getpid()})
         self.state = "loading"
         try:
-            self.loading = self.spawn(spec)
+            template = self.spawn(spec)
         except OSError as exc:  # no process, no memory, no descriptor left
             self._fail(f"cannot start a template process: {exc}")
             return
-        self.effects.channels.watch(self.loading.sock)
+        self.code.load(template)
         self._loading_since = now
         self.error = ""
         logger.info("reload started (%s): importing the app anew in template pid %d",
-                    why, self.loading.pid)
+                    why, template.pid)
 
     def observe(self, now: float) -> bool:
         """Requests from the manager, the template's answer or its timeout; True when the
@@ -148,9 +222,9 @@ class Reloader:
             self.start(f"manager request {reload_id}", now)
             changed = True
         self._hello_seen = False
-        if self.loading is None:
+        if self.code.loading is None:
             return changed
-        answer = self.loading.poll()
+        answer = self.code.loading.poll()
         if isinstance(answer, Ready):
             self._roll(answer)
         elif isinstance(answer, Failed):
@@ -163,55 +237,40 @@ class Reloader:
 
     def after_pass(self) -> None:
         """After the decide step: the rollout is over once no older slot is left."""
-        generation = self.serving.generation
-        old_slots = sum(1 for s in self.pool.slots.values() if s.generation != generation)
+        serving = self.code.serving
+        old_slots = sum(1 for s in self.pool.slots.values() if s.generation != serving.generation)
         self.old_slots = old_slots
-        if self.previous is None or old_slots:
+        if self.code.previous is None or old_slots:
             return
-        self._end_source(self.previous)
-        self.previous = None
+        self.code.retire_previous()
         if self.state == "rolling":  # (not when a newer request is loading meanwhile)
             self.state = "idle"
         self.results["took"] += 1
         logger.info("reload took: every slot runs version %s (generation %d)",
-                    self.serving.version, self.serving.generation)
+                    serving.version, serving.generation)
 
     def info(self) -> CodeInfo:
-        return CodeInfo(version=self.serving.version, generation=self.serving.generation,
+        return CodeInfo(version=self.code.serving.version,
+                        generation=self.code.serving.generation,
                         state=self.state, error=self.error[:2000],
                         reload_id=self.requests.last[:64],
                         old_slots=min(self.old_slots, MAX_SLOTS))
 
     def shutdown(self) -> None:
         """The master stops: end every template (slots are the master's own children)."""
-        for handle in (self.loading, self.serving.template,
-                       self.previous.template if self.previous else None):
-            if handle is not None:
-                self._end(handle)
-        self.loading = None
+        self.code.end_all()
 
     # --- transitions -----------------------------------------------------------------
 
     def _roll(self, ready: Ready) -> None:
-        assert self.loading is not None
-        self.effects.channels.unwatch(self.loading.sock)  # replies are read where asked for
-        source = CodeSource(self._next_generation, ready.version, ready.queues, self.loading)
-        self._next_generation += 1
-        self.loading = None
-        if self.previous is None:
-            self.previous = self.serving
-        else:
-            self._end_source(self.serving)  # a rolling reload superseded by this one
-        self._serve(source)
+        source = self.code.promote(ready)
         self.state, self._booted = "rolling", set()
         logger.info("reload: version %s (generation %d) ready in template pid %d: replacing "
                     "the slots a few at a time", ready.version, source.generation,
                     source.template.pid if source.template else os.getpid())
 
     def _fail(self, error: str) -> None:
-        if self.loading is not None:
-            self._end(self.loading)
-            self.loading = None
+        self.code.drop_loading()
         self.state, self.error = "failed", error
         self.results["failed"] += 1
         logger.error("reload failed, the old code keeps serving: %s", error)
@@ -219,28 +278,13 @@ class Reloader:
     def _abort(self, error: str) -> None:
         """The new code cannot run: fork from the previous code again (the rollout then
         replaces the new slots with it)."""
-        failed, back, self.previous = self.serving, self.previous, None
-        if back is not None:
-            self._serve(back)
-            self._end_source(failed)
+        self.code.fall_back()
         self._fail(error)
-
-    def _serve(self, source: CodeSource) -> None:
-        self.serving = source
-        self.pool.template, self.pool.generation = source.template, source.generation
-
-    def _end_source(self, source: CodeSource) -> None:
-        if source.template is not None:
-            self._end(source.template)
-
-    def _end(self, handle: Template) -> None:
-        self.effects.channels.unwatch(handle.sock)
-        handle.end()
 
     # --- the pool's hooks ------------------------------------------------------------
 
     def _on_hello(self, slot: SlotRecord) -> None:
-        if slot.generation == self.serving.generation:
+        if slot.generation == self.code.serving.generation:
             self._booted.add(slot.queue)
         self._hello_seen = True  # during a rollout, an old slot may retire now
 
@@ -248,24 +292,22 @@ class Reloader:
         """A new slot that dies before any slot of its queue on the new code said hello
         (a boot error, a crash, killed as hung or for memory) aborts the reload: the
         rollout would wait for that hello forever while the old slots serve."""
+        serving = self.code.serving
         if (self.state == "rolling" and reason is not None
-                and slot.generation == self.serving.generation
-                and slot.queue not in self._booted):
+                and slot.generation == serving.generation and slot.queue not in self._booted):
             self._abort(f"the first slot of queue {slot.queue} on version "
-                        f"{self.serving.version} could not start ({reason}, exit code "
+                        f"{serving.version} could not start ({reason}, exit code "
                         f"{code}; its error is in the master's log)")
 
     def _on_other_child(self, pid: int, code: int) -> None:
-        """A child that is no slot ended: a template (never signalled again: its pid is
-        free for another process now), or an orphan adopted as subreaper (ignored)."""
-        previous = self.previous.template if self.previous else None
-        for handle in (self.loading, self.serving.template, previous):
-            if handle is not None and handle.pid == pid:
-                handle.reaped = True
-        if self.loading is not None and pid == self.loading.pid and not self.loading.answer:
+        """A child that is no slot ended: a template, or an orphan adopted as subreaper
+        (ignored)."""
+        self.code.mark_reaped(pid)
+        loading, serving = self.code.loading, self.code.serving
+        if loading is not None and pid == loading.pid and not loading.answer:
             self._fail(f"the template exited with code {code} before it answered")
-        elif (self.serving.template is not None and pid == self.serving.template.pid
-                and not self.serving.template.ended):
+        elif (serving.template is not None and pid == serving.template.pid
+                and not serving.template.ended):
             logger.error("the template of version %s (pid %d) exited with code %d: "
-                         "reloading", self.serving.version, pid, code)
+                         "reloading", serving.version, pid, code)
             self.start("its template died", time.monotonic())

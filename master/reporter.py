@@ -43,7 +43,7 @@ def build_report(sup: Supervisor, interval_s: float, generation: int) -> HostRep
     return HostReport(
         host=sup.host_name, sent_at=now, interval_s=interval_s, facts=facts,
         capacity_slots=snap.capacity_slots,
-        queues=dict(sup.reload.serving.policies),
+        queues=dict(sup.reload.code.serving.policies),
         slots=snap.slots,
         counters={q: QueueCounters(counters=counters.get(q, BatchCounters()),
                                    alive_s=alive.get(q, 0.0)) for q in queues},

@@ -90,12 +90,13 @@ class Supervisor:
         spec = template_spec or TemplateSpec(app=settings.app or "", master_pid=0,
                                              broker_url=settings.broker_url,
                                              state_dir=str(settings.state_dir))
-        self.reload = Reloader(self.pool, self.effects, base, spec, self._row_queues)
+        self.reload = Reloader(self.pool, base, spec, self._row_queues)
 
     def set_row(self, row: dict[str, int]) -> None:
         """Called by the reporter thread with the manager's row (unknown queues dropped)."""
         with self._row_lock:
-            self.row = {queue: n for queue, n in row.items() if queue in self.reload.policies()}
+            known = self.reload.code.policies()
+            self.row = {queue: n for queue, n in row.items() if queue in known}
         self._due_at = 0.0  # decided at the loop's next wake-up (within TICK_S)
 
     def set_reload_id(self, reload_id: str) -> None:
@@ -200,7 +201,7 @@ class Supervisor:
     # --- decide and act --------------------------------------------------------
 
     def _decide_and_act(self, now: float) -> None:
-        policies = self.reload.policies()
+        policies = self.reload.code.policies()
         for slot in list(self.pool.slots.values()):
             limit_mb = policies.get(slot.queue, DEFAULT_POLICY).private_dirty_limit_mb
             kill_bytes = dirty_kill_bytes(limit_mb, self.watch_limits)
@@ -219,7 +220,7 @@ class Supervisor:
         fatal = self.pool.backoff.fatal
         with self._row_lock:
             row = {queue: n for queue, n in self.row.items() if queue not in fatal}
-        priorities = {name: p.priority for name, p in self.reload.serving.policies.items()}
+        priorities = {name: p.priority for name, p in self.reload.code.serving.policies.items()}
         capacity_slots = self.host.capacity_slots or len(self.pool.slots)
         self._desired = clip_to_capacity(row, capacity_slots, priorities)
         self.pool.apply(plan_pass(self._desired, self.pool.live(), self.pool.generation), now)
