@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from qcluster.policy import QueuePolicy
 
@@ -301,15 +301,21 @@ def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -
                 math.ceil(want))
     landed = previous is None or queue.current == previous.planned
     if ratio > 1 + FAR_BANDS * band or anchor == 0:
-        return replace(keep, needed=_clamp(math.ceil(want), queue.policy),
-                       why=Why("{} by far", keep.why))
+        return _moved(keep, _clamp(math.ceil(want), queue.policy), Why("{} by far", keep.why))
     if landed and high_rounds >= UP_ROUNDS:
-        return replace(keep, needed=_clamp(max(floor, anchor + 1), queue.policy),
-                       why=Why("{} for {} rounds, least wanted {}", keep.why, high_rounds, floor))
+        return _moved(keep, _clamp(max(floor, anchor + 1), queue.policy),
+                      Why("{} for {} rounds, least wanted {}", keep.why, high_rounds, floor))
     wait = (Why("waiting for the last move to land ({} of {} running)", queue.current, anchor)
             if not landed else Why("{} of {} rounds", high_rounds, UP_ROUNDS))
-    return replace(keep, why=Why("{}, {}", keep.why, wait), high_rounds=high_rounds,
-                   high_floor=floor)
+    return Need(anchor, keep.load, Why("{}, {}", keep.why, wait), work=keep.work,
+                high_rounds=high_rounds, high_floor=floor)
+
+
+def _moved(keep: Need, needed: int, why: Why) -> Need:
+    """``keep`` (a need that only kept its anchor: no streak) moved to ``needed``: built
+    directly, as ``dataclasses.replace`` would, at a fraction of its cost (every queue,
+    every round)."""
+    return Need(needed, keep.load, why, work=keep.work)
 
 
 def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, upper: float,
@@ -339,15 +345,14 @@ def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, upper:
         # Not below what keeps the want within half the upper band: a release that the
         # next rounds' noise would undo is a flap.
         target = max(math.ceil(low_peak / (1 + (upper - 1) / 2) - 1e-9), 1 if low_jobs else 0)
-        return replace(keep, needed=_clamp(target, queue.policy),
-                       why=Why("{} for {} rounds, most wanted {:.2f}", keep.why, low_rounds,
-                               low_peak))
+        return _moved(keep, _clamp(target, queue.policy),
+                      Why("{} for {} rounds, most wanted {:.2f}", keep.why, low_rounds, low_peak))
     # A round in which no job came and none waits needs only the minimum: the rest of
     # the hold is spare.
     keeps = queue.policy.min_slots if not (counted or queue.window.backlog) else keep.needed
-    return replace(keep, why=Why("{}, held {} of {} rounds", keep.why, low_rounds, hold),
-                   low_rounds=low_rounds, low_peak=low_peak, low_jobs=low_jobs,
-                   spare=max(0, keep.needed - keeps))
+    held = Why("{}, held {} of {} rounds", keep.why, low_rounds, hold)
+    return Need(keep.needed, keep.load, held, spare=max(0, keep.needed - keeps), work=keep.work,
+                low_rounds=low_rounds, low_peak=low_peak, low_jobs=low_jobs)
 
 
 def share_capacity(
@@ -430,20 +435,22 @@ def plan(
         elif got < need.needed:
             why = Why("{}; capacity short: {} spare of the hold to queues that wait", why,
                       need.needed - got)
-        streak = {name: getattr(need, name) for name in STREAK_FIELDS}
+        job_s = mean_job_seconds(queue.window, queue.policy)
         extra = idle.get(queue.name, 0)
         if extra:
             why = Why("{}; idle slots: +{} to drain the backlog ({:.0f} slot-s) in {:g}s", why,
-                      extra, queue.window.backlog * mean_job_seconds(queue.window, queue.policy),
-                      IDLE_DRAIN_S)
+                      extra, queue.window.backlog * job_s, IDLE_DRAIN_S)
             got += extra
         before = queue.previous.planned if queue.previous is not None else queue.current
         reason = Why("{}: {}, backlog {}, {} -> {} slots", queue.name, why,
                      queue.window.backlog, before, got)
+        # The streak (STREAK_FIELDS) spelled out: a dict of getattr per queue and round
+        # cost more than the rest of this loop.
         plans[queue.name] = QueuePlan(
             name=queue.name, current=queue.current, needed=max(need.needed, got), planned=got,
-            load=need.load, band=band_for(queue.policy.priority),
-            mean_job_s=mean_job_seconds(queue.window, queue.policy), why=reason,
-            backlog=queue.window.backlog, **streak,
+            load=need.load, band=band_for(queue.policy.priority), mean_job_s=job_s, why=reason,
+            backlog=queue.window.backlog, work=need.work, low_rounds=need.low_rounds,
+            low_peak=need.low_peak, low_jobs=need.low_jobs, high_rounds=need.high_rounds,
+            high_floor=need.high_floor,
         )
     return plans

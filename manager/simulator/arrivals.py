@@ -85,13 +85,21 @@ class Arrivals:
         self.curve = RateCurve(spec)
         self.rng = random.Random(seed)
         self.carry = 0.0
+        #: The previous round's end and the jobs expected up to it: rounds come in order,
+        #: so a round's start is usually the previous one's end (the curve is pure).
+        self.ended: tuple[float, float] = (math.nan, 0.0)
 
     def in_round(self, index: int) -> int:
         if self.spec.per_round is not None:
             counts = self.spec.per_round
             return counts[index] if index < len(counts) else 0
         start = index * self.interval
-        mean = self.curve.jobs_between(start, start + self.interval)
+        end = start + self.interval
+        ended_at, expected = self.ended
+        before = expected if ended_at == start else self.curve.cumulative(start)
+        upto = self.curve.cumulative(end)
+        self.ended = (end, upto)
+        mean = upto - before  # == self.curve.jobs_between(start, end)
         if self.spec.arrivals == "poisson":
             return poisson(self.rng, mean)
         self.carry += mean

@@ -47,6 +47,21 @@ def _seed(seed: int, *parts: str) -> int:
     return zlib.crc32("/".join([str(seed), *parts]).encode())
 
 
+#: (index before, index after, share of the step) in ``Simulation.settled_at``: the jobs
+#: finished by a moment, interpolated; no share: the count at the first index (-1: none).
+SettledPoint = tuple[int, int, float | None]
+#: (sent at, the report before sent at, their SettledPoints): the masters' latest report.
+Report = tuple[float, float, SettledPoint, SettledPoint]
+
+
+def finished_by(settled: deque[int], point: SettledPoint) -> int:
+    """A queue's jobs finished by the moment ``point`` stands for (``settled_point``)."""
+    lo, hi, share = point
+    if share is None:
+        return settled[lo] if lo >= 0 else 0
+    return settled[lo] + math.floor(share * (settled[hi] - settled[lo]) + EPS)
+
+
 @dataclass
 class HostSlots:
     active: int = 0
@@ -108,8 +123,9 @@ class QueueSim:
     round_busy: float = 0.0
     round_alive: float = 0.0
     window: deque[tuple[int, float, float]] = field(default_factory=deque)
-    settled: deque[tuple[float, int]] = field(default_factory=deque)
-    """(time, jobs finished by then) at each step's end, for the reports' lag."""
+    settled: deque[int] = field(default_factory=deque)
+    """Jobs finished by each recent step's end (``Simulation.settled_at`` says when), for
+    the reports' lag."""
     ledger: ArrivalLedger = field(default_factory=ArrivalLedger)
     win_processed: int = 0
     win_busy: float = 0.0
@@ -187,6 +203,9 @@ class Simulation:
         #: Steps of finished counts kept: the reports' lag and jitter, two report intervals.
         self.settled_kept = math.ceil((trace.report_lag_s + trace.report_jitter_s
                                        + 2 * trace.interval_s) / self.dt) + 2
+        #: When each of the steps in ``QueueSim.settled`` ended: the same for every queue,
+        #: so where a report falls among them is found once per round, not per queue.
+        self.settled_at: deque[float] = deque()
         self.detect_s = trace.host_expiry_intervals * trace.interval_s
         self.rounds = math.ceil(trace.duration_s / trace.interval_s - EPS)
         self.chunk = max(1, math.ceil(self.rounds / MAX_POINTS))
@@ -204,13 +223,14 @@ class Simulation:
         everything = any(h.serves is None for h in seen)
         served = frozenset().union(*(h.serves for h in seen if h.serves is not None))
         previous = self.policy.plans
+        report = self.latest_report(now)
         out = []
         for name, q in self.queues.items():
             # What the masters report running: forked slots, started or starting (a dead
             # host's are gone at once here; the manager would count them until expiry).
             current = q.active + q.starting
             span = min(len(q.window), self.window_rounds) * self.trace.interval_s
-            arrived = self.reported_arrivals(q, now)
+            arrived = self.reported_arrivals(q, now, report)
             window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
                                  span_s=span,
                                  recent_s=self.trace.interval_s if arrived is not None else 0,
@@ -231,36 +251,46 @@ class Simulation:
             at += random.Random(_seed(self.seed, "report", str(j))).uniform(-jitter, jitter)
         return at
 
-    def finished_by(self, q: QueueSim, at: float) -> int:
-        """The queue's jobs finished by ``at`` (linear within a step: the simulation
-        finishes a step's jobs together)."""
-        before = (-math.inf, 0)
-        for when, count in q.settled:
+    def settled_point(self, at: float) -> SettledPoint:
+        """Where ``at`` falls among the recent steps' ends (``settled_at``), for
+        :func:`finished_by`: the jobs finished by then are linear within a step (the
+        simulation finishes a step's jobs together)."""
+        before = -math.inf
+        for i, when in enumerate(self.settled_at):
             if when >= at - EPS:
-                if when - before[0] > EPS and before[0] > -math.inf:
-                    share = (at - before[0]) / (when - before[0])
-                    return before[1] + math.floor(share * (count - before[1]) + EPS)
-                return count if when <= at + EPS else before[1]
-            before = (when, count)
-        return before[1]
+                if when - before > EPS and before > -math.inf:
+                    return i - 1, i, (at - before) / (when - before)
+                return (i if when <= at + EPS else i - 1), -1, None
+            before = when
+        return len(self.settled_at) - 1, -1, None
 
-    def reported_arrivals(self, q: QueueSim, now: float) -> ArrivalCount | None:
+    def latest_report(self, now: float) -> Report | None:
+        """The masters' latest report at ``now``: when it and the one before were sent and
+        where they fall among the steps (None: no report sent yet). The same for every
+        queue: found once per round."""
+        j = math.floor((now + self.trace.report_lag_s) / self.trace.interval_s) + 1
+        while j > 0 and self.report_time(j) > now + EPS:
+            j -= 1
+        if j <= 0:
+            return None
+        sent, before = self.report_time(j), max(0.0, self.report_time(j - 1))
+        return sent, before, self.settled_point(sent), self.settled_point(before)
+
+    def reported_arrivals(self, q: QueueSim, now: float,
+                          report: Report | None) -> ArrivalCount | None:
         """Jobs arrived since the previous round as the manager counts them
         (``manager.arrivals``): the jobs in the broker now (waiting, or started and not
         finished) and the jobs finished as the masters' latest report tells them, complete
         up to when it was sent (``report_lag_s`` before the round, give or take
         ``report_jitter_s``); the jobs finished since, estimated from its rate, make the
         count's margin."""
-        j = math.floor((now + self.trace.report_lag_s) / self.trace.interval_s) + 1
-        while j > 0 and self.report_time(j) > now + EPS:
-            j -= 1
-        if j <= 0:
-            return q.ledger.count(q.backlog + q.started - q.finished, 0, 0.0)
-        sent, before = self.report_time(j), max(0.0, self.report_time(j - 1))
-        reported = self.finished_by(q, sent)
-        rate = (reported - self.finished_by(q, before)) / max(sent - before, EPS)
-        return q.ledger.count(q.backlog + q.started - q.finished, reported,
-                              rate * (now - sent))
+        in_broker = q.backlog + q.started - q.finished
+        if report is None:
+            return q.ledger.count(in_broker, 0, 0.0)
+        sent, before, at_sent, at_before = report
+        reported = finished_by(q.settled, at_sent)
+        rate = (reported - finished_by(q.settled, at_before)) / max(sent - before, EPS)
+        return q.ledger.count(in_broker, reported, rate * (now - sent))
 
     def plan_round(self, index: int, now: float) -> None:
         seen = self.believed_alive(now)
@@ -291,11 +321,15 @@ class Simulation:
         """Start or stop slots until the host runs its row (as far as capacity allows)."""
         if not host.alive:
             return
-        for name in sorted(set(host.row) | set(host.slots)):
+        for name in sorted(host.row.keys() | host.slots.keys()):
             want = host.row.get(name, 0)
-            slots = host.slots.setdefault(name, HostSlots())
-            q = self.queues[name]
+            slots = host.slots.get(name)
+            if slots is None:
+                slots = host.slots[name] = HostSlots()
             have = slots.active + slots.starting
+            if have == want:  # most queues, most rounds: nothing to start or stop
+                continue
+            q = self.queues[name]
             while have > want:
                 if slots.starting:
                     slots.starting -= 1
@@ -427,8 +461,8 @@ class Simulation:
         while q.inflight and q.inflight[0][0] <= q.done_work + EPS:
             q.finished += q.inflight[0][1]
             q.round_processed += q.inflight.popleft()[1]
-        q.settled.append((now + dt, q.finished))
-        while len(q.settled) > self.settled_kept:
+        q.settled.append(q.finished)
+        if len(q.settled) > self.settled_kept:
             q.settled.popleft()
         q.round_busy += q.active * dt - budget
         q.round_alive += q.existing * dt
@@ -510,6 +544,9 @@ class Simulation:
                     total = arriving[name]
                     share = (total * (step + 1)) // steps - (total * step) // steps
                     self.serve(q, now, share)
+                self.settled_at.append(now + dt)
+                if len(self.settled_at) > self.settled_kept:
+                    self.settled_at.popleft()
             for q in self.queues.values():
                 self.end_round(q, index, start + self.trace.interval_s)
         reasons = self.policy.reasons if isinstance(self.policy, QclusterPolicy) else []
