@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from qcluster import exitcodes
 from qcluster.app import App
@@ -31,6 +31,7 @@ from qcluster.master.probe import read_slot_memory, sample_host
 from qcluster.master.reconcile import clip_to_capacity
 from qcluster.master.reload import CodeSource, Reloader
 from qcluster.master.rollout import plan_pass
+from qcluster.master.slots import SlotRecord
 from qcluster.master.snapshot import HostView, Snapshot, build_snapshot
 from qcluster.master.template import TemplateSpec
 from qcluster.master.watch import WatchLimits, dirty_kill_bytes, next_deadline, verdict, wake_in
@@ -62,6 +63,65 @@ def default_row(app: App) -> dict[str, int]:
     return dict.fromkeys(specs, 1)
 
 
+class HostProbe:
+    """The host's memory and capacity and each slot's memory, read every
+    ``MEMORY_PROBE_INTERVAL_S``."""
+
+    def __init__(self, limits: CapacityLimits) -> None:
+        self.view = HostView(None, 0, limits)
+        self.next_at = 0.0
+
+    def poll(self, now: float, slots: Collection[SlotRecord]) -> bool:
+        """Read the host and the slots when due; True when read."""
+        if now < self.next_at:
+            return False
+        self.next_at = now + MEMORY_PROBE_INTERVAL_S
+        memory = read_slot_memory(s.pid for s in slots)
+        for slot in slots:
+            if (sample := memory.get(slot.pid)) is not None:
+                slot.pss_bytes = sample.pss_bytes
+                slot.private_dirty_bytes = sample.private_dirty_bytes
+        host = sample_host(memory.values())
+        self.view = HostView(host, capacity(host, self.view.limits), self.view.limits)
+        return True
+
+
+class GracefulStop:
+    """The master's stop: every slot finishes and settles its batch, until
+    ``graceful_timeout_s`` or a second stop signal kills what is left."""
+
+    def __init__(self, pool: SlotPool, reload: Reloader, timeout_s: float) -> None:
+        self.pool, self.reload, self.timeout_s = pool, reload, timeout_s
+        self.requested = self.forced = False
+        self.deadline: float | None = None
+
+    def on_signal(self, now: float) -> None:
+        if self.requested:
+            logger.warning("second stop signal: killing every slot now")
+            self.forced = True
+            self.pool.kill_all()
+            return
+        logger.info("stopping: every slot finishes and settles its batch "
+                    "(Ctrl-C again forces)")
+        self.requested = True
+        self.reload.shutdown()
+        self.deadline = now + self.timeout_s
+        for slot in list(self.pool.slots.values()):
+            self.pool.stop(slot, "master stopping")
+
+    def kill_if_late(self, now: float) -> None:
+        if self.deadline is not None and now > self.deadline:
+            self.pool.kill_all()
+
+    def next_at(self, now: float) -> float | None:
+        """The deadline while it is ahead (the loop wakes then)."""
+        return self.deadline if (self.deadline or 0.0) > now else None
+
+    def done(self) -> bool:
+        """Every slot ended (or the stop was forced): the master may exit."""
+        return self.requested and (not self.pool.slots or self.forced)
+
+
 class Supervisor:
     """Keeps this host's slots equal to the desired row, clipped to capacity."""
 
@@ -75,14 +135,11 @@ class Supervisor:
         self.effects = effects or ProcessEffects()
         self.extra_fds = self.effects.extra_fds
         self.pool = SlotPool(self.effects, self.counters, self._slot_main, lambda: time.time())
-        self.host = HostView(None, 0, capacity_limits(settings))
+        self.probe = HostProbe(capacity_limits(settings))
         self.watch_limits = WatchLimits(settings.master.heartbeat_timeout_s,
                                         settings.master.memory_kill_factor)
         self.snapshot = Snapshot()
-        self.stopping = self.forced = False
         self._row_lock = threading.Lock()
-        self._stop_deadline: float | None = None
-        self._next_probe = 0.0
         self._due_at = 0.0
         """When the loop must decide again without a new event (tick, backoff end, stop)."""
         self._desired: dict[str, int] = {}
@@ -91,6 +148,12 @@ class Supervisor:
                                              broker_url=settings.broker_url,
                                              state_dir=str(settings.state_dir))
         self.reload = Reloader(self.pool, base, spec, self._row_queues)
+        self.stop = GracefulStop(self.pool, self.reload, settings.master.graceful_timeout_s)
+
+    @property
+    def stopping(self) -> bool:
+        """A stop signal came (read by the reporter thread too)."""
+        return self.stop.requested
 
     def set_row(self, row: dict[str, int]) -> None:
         """Called by the reporter thread with the manager's row (unknown queues dropped)."""
@@ -127,20 +190,20 @@ class Supervisor:
         deadline = next_deadline(self.pool.slots.values())
         if changed or now >= self._due_at or (deadline is not None and now >= deadline):
             self._decide_and_act(now)
-        if self.stopping and (not self.pool.slots or self.forced):
+        if self.stop.done():
             self.pool.bury_all(now)
             return exitcodes.OK
         return None
 
     def _wake_in(self, now: float) -> float:
-        moments = (next_deadline(self.pool.slots.values()), self._due_at, self._next_probe)
+        moments = (next_deadline(self.pool.slots.values()), self._due_at, self.probe.next_at)
         return wake_in(now, moments, TICK_S)
 
     def publish(self, now: float) -> None:
         """Replace the snapshot the other threads read (after every decision, so at least
         every ``TICK_S``; a pass that only applied slot messages does not publish)."""
         self.snapshot = build_snapshot(
-            self.pool.slots.values(), self.host, restarts=self.counters.restarts(),
+            self.pool.slots.values(), self.probe.view, restarts=self.counters.restarts(),
             desired=self._desired, fatal=self.pool.backoff.fatal, wall_now=time.time(),
             mono_now=now, code=self.reload.info(), reloads=dict(self.reload.results))
 
@@ -166,37 +229,14 @@ class Supervisor:
             self.pool.receive(pid, now)
         changed |= self.pool.reap(now, master_stopping=self.stopping) > 0
         changed |= not self.stopping and self.reload.observe(now)
-        if now >= self._next_probe:
-            self._next_probe = now + MEMORY_PROBE_INTERVAL_S
-            self._probe()
-            changed = True
+        changed |= self.probe.poll(now, self.pool.slots.values())
         return changed
 
     def _on_signal(self, signum: int, now: float) -> None:
         if signum == signal.SIGHUP and not self.stopping:
             self.reload.start("SIGHUP", now)
-        elif signum in STOP_SIGNALS and self.stopping:
-            logger.warning("second stop signal: killing every slot now")
-            self.forced = True
-            self.pool.kill_all()
         elif signum in STOP_SIGNALS:
-            logger.info("stopping: every slot finishes and settles its batch "
-                        "(Ctrl-C again forces)")
-            self.stopping = True
-            self.reload.shutdown()
-            self._stop_deadline = now + self.settings.master.graceful_timeout_s
-            for slot in list(self.pool.slots.values()):
-                self.pool.stop(slot, "master stopping")
-
-    def _probe(self) -> None:
-        slots = self.pool.slots.values()
-        memory = read_slot_memory(s.pid for s in slots)
-        for slot in slots:
-            if (sample := memory.get(slot.pid)) is not None:
-                slot.pss_bytes = sample.pss_bytes
-                slot.private_dirty_bytes = sample.private_dirty_bytes
-        host = sample_host(memory.values())
-        self.host = HostView(host, capacity(host, self.host.limits), self.host.limits)
+            self.stop.on_signal(now)
 
     # --- decide and act --------------------------------------------------------
 
@@ -207,21 +247,19 @@ class Supervisor:
             kill_bytes = dirty_kill_bytes(limit_mb, self.watch_limits)
             if (reason := verdict(slot, now, self.watch_limits, kill_bytes)) is not None:
                 self.pool.kill(slot, reason)
-        if self._stop_deadline is not None and now > self._stop_deadline:
-            self.pool.kill_all()
+        self.stop.kill_if_late(now)
         if not self.stopping:
             self._reconcile(now)
         self.publish(now)
-        stop_at = self._stop_deadline if (self._stop_deadline or 0.0) > now else None
         self._due_at = min(m for m in (now + TICK_S, self.pool.backoff.next_fork_at(now),
-                                       stop_at) if m is not None)
+                                       self.stop.next_at(now)) if m is not None)
 
     def _reconcile(self, now: float) -> None:
         fatal = self.pool.backoff.fatal
         with self._row_lock:
             row = {queue: n for queue, n in self.row.items() if queue not in fatal}
         priorities = {name: p.priority for name, p in self.reload.code.serving.policies.items()}
-        capacity_slots = self.host.capacity_slots or len(self.pool.slots)
+        capacity_slots = self.probe.view.capacity_slots or len(self.pool.slots)
         self._desired = clip_to_capacity(row, capacity_slots, priorities)
         self.pool.apply(plan_pass(self._desired, self.pool.live(), self.pool.generation), now)
         self.reload.after_pass()
