@@ -53,8 +53,8 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     app.state.service = service  # what the routes' dependencies read (api_deps.get_service)
     app.state.loopback = loopback
     app.add_middleware(GuardMiddleware, loopback=loopback, max_body_bytes=max_body_bytes)
-    app.add_exception_handler(RecursionError, too_deep)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
+    app.exception_handler(RecursionError)(too_deep)
+    app.exception_handler(RequestValidationError)(invalid)
     for router in ROUTERS:
         app.include_router(router)
     if importlib.util.find_spec("qcluster.admin_ui.router") is not None:
