@@ -3,8 +3,8 @@
 Every control is written to the broker when it is set (``Broker.write_control``) and the
 planning loop reads them all back each round (``Broker.read_controls``): a restarted
 manager, or a second one started by mistake, plans with the same pauses and drains within
-a round. The service (``manager/service.py``) is the only caller; the state keeps what the
-last read said (``ClusterState.set_controls``).
+a round. The service's control desk (``manager/control_desk.py``) is the only caller;
+the state keeps what the last read said (``ClusterState.set_controls``).
 """
 
 from __future__ import annotations

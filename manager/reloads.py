@@ -14,9 +14,10 @@ what the hosts last reported, and says what happens next:
   next host is asked;
 * a host whose turn comes while it is not reporting is skipped the same way.
 
-So at most one host of a rollout is reloading at any time. The service (``manager/service.py``)
-calls :func:`advance` at every planning round and when a rollout starts, sends each host its
-id from :attr:`ReloadBook.ids`, and logs the reasons as decisions.
+So at most one host of a rollout is reloading at any time. The service's reload driver
+(``manager/reload_driver.py``) calls :func:`advance` at every planning round and when a
+rollout starts, sends each host its id from :attr:`ReloadBook.ids`, and logs the reasons
+as decisions.
 """
 
 from __future__ import annotations
