@@ -38,6 +38,7 @@ back in (``QueueInput.previous``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -190,6 +191,7 @@ class Need(Streak):
     priority or a higher one (never a lower one)."""
 
 
+@functools.cache  # twice per queue per round, on a handful of priorities
 def band_for(priority: int) -> float:
     """Tolerance around the target utilization; narrower for higher priority."""
     return min(MAX_BAND, max(MIN_BAND, BASE_BAND - BAND_STEP * priority))

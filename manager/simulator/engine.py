@@ -192,6 +192,7 @@ class Simulation:
             for name, spec in sorted(trace.queues.items())
         }
         self.order = sorted(self.queues, key=lambda q: (-self.queues[q].policy.priority, q))
+        self.every_queue = frozenset(self.queues)
         self.events = sorted(trace.events, key=lambda e: e.at_s)
         self.next_event = 0
         self.heap: list[tuple[float, int, str, str, str, int]] = []
@@ -224,20 +225,23 @@ class Simulation:
         served = frozenset().union(*(h.serves for h in seen if h.serves is not None))
         previous = self.policy.plans
         report = self.latest_report(now)
+        interval, window_rounds = self.trace.interval_s, self.window_rounds
         out = []
         for name, q in self.queues.items():
             # What the masters report running: forked slots, started or starting (a dead
             # host's are gone at once here; the manager would count them until expiry).
             current = q.active + q.starting
-            span = min(len(q.window), self.window_rounds) * self.trace.interval_s
+            span = min(len(q.window), window_rounds) * interval
             arrived = self.reported_arrivals(q, now, report)
-            window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
-                                 span_s=span,
-                                 recent_s=self.trace.interval_s if arrived is not None else 0,
-                                 recent_arrived=arrived.jobs if arrived is not None else 0,
-                                 recent_margin=arrived.margin if arrived is not None else 0.0)
-            servable = everything or name in served
-            out.append(QueueInput(name, q.policy, current, window, servable=servable,
+            if arrived is None:
+                window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
+                                     span_s=span, recent_s=0)
+            else:
+                window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
+                                     span_s=span, recent_s=interval,
+                                     recent_arrived=arrived.jobs, recent_margin=arrived.margin)
+            out.append(QueueInput(name, q.policy, current, window,
+                                  servable=everything or name in served,
                                   previous=previous.get(name)))
         return out
 
@@ -303,10 +307,10 @@ class Simulation:
             if q.planned >= 0 and planned[name] != q.planned:
                 q.plan_moves.append((now, q.planned, planned[name]))
             q.planned = planned[name]
-        serves = {h.name: h.serves if h.serves is not None else frozenset(self.queues)
-                  for h in seen}
         key = (tuple(sorted(planned.items())), tuple(sorted(capacity.items())))
         if key != self.placed_for:
+            serves = {h.name: h.serves if h.serves is not None else self.every_queue
+                      for h in seen}
             self.slot_map = place(self.slot_map, planned, capacity, self.order, serves)
             self.placed_for = key
             self.pending = (now + self.trace.assign_delay_s, self.slot_map)
@@ -499,11 +503,11 @@ class Simulation:
             q.burst_from = None
 
     def end_round(self, q: QueueSim, index: int, now: float) -> None:
-        entry = (q.round_processed, q.round_busy, q.round_alive)
-        q.window.append(entry)
-        q.win_processed += entry[0]
-        q.win_busy += entry[1]
-        q.win_alive += entry[2]
+        processed, busy, alive = q.round_processed, q.round_busy, q.round_alive
+        q.window.append((processed, busy, alive))
+        q.win_processed += processed
+        q.win_busy += busy
+        q.win_alive += alive
         if len(q.window) > self.window_rounds:
             old = q.window.popleft()
             q.win_processed -= old[0]
@@ -511,10 +515,16 @@ class Simulation:
             q.win_alive -= old[2]
         q.round_processed, q.round_busy, q.round_alive = 0, 0.0, 0.0
         c = q.chunk
-        c[0] = max(c[0], q.backlog)
+        # Each 'if' is max() as it keeps the first of equals, without the call (every
+        # queue, every round).
+        if q.backlog > c[0]:
+            c[0] = q.backlog
         c[1] += q.existing
-        c[2] = max(c[2], q.planned)
-        c[3] = max(c[3], q.oldest_wait(now))
+        if q.planned > c[2]:
+            c[2] = q.planned
+        wait = now - q.buckets[0][0] if q.buckets else 0.0  # q.oldest_wait(now)
+        if wait > c[3]:
+            c[3] = wait
         c[4] += 1
         if c[4] == self.chunk or index == self.rounds - 1:
             s = q.series
@@ -547,8 +557,9 @@ class Simulation:
                 self.settled_at.append(now + dt)
                 if len(self.settled_at) > self.settled_kept:
                     self.settled_at.popleft()
+            end = start + self.trace.interval_s
             for q in self.queues.values():
-                self.end_round(q, index, start + self.trace.interval_s)
+                self.end_round(q, index, end)
         reasons = self.policy.reasons if isinstance(self.policy, QclusterPolicy) else []
         return PolicyRun(self.policy.name, self.queues, reasons, self.deaths,
                          self.trace.interval_s, dt, self.detect_s, self.over_capacity,
