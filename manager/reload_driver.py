@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qcluster.controls import UNNAMED_TOKEN
-from qcluster.manager.reloads import TAKE_UP_S, Rollout, advance, start
+from qcluster.manager.reloads import Rollout, advance, start, take_up_s
 from qcluster.manager.state import ClusterState
 
 #: The service's name in the log, as before the service was split.
@@ -38,8 +38,9 @@ class ReloadDriver:
         self.lock = lock
         """The service's state lock."""
         self.clock = clock
-        self.take_up_s = TAKE_UP_S
-        """Seconds a host asked to reload has to show the id before it is skipped."""
+        self.take_up_s: float | None = None
+        """Seconds a host asked to reload has to show the id before it is skipped (None:
+        from the masters' report interval, see :func:`reloads.take_up_s`)."""
 
     def start(self, host: str | None, by: str = UNNAMED_TOKEN) -> dict[str, Any]:
         """Start a rolling reload of ``host``, or of every reporting host (None) one at a
@@ -84,7 +85,8 @@ class ReloadDriver:
 
     def _advance(self, rollout: Rollout, now: float) -> Rollout:
         """(caller holds the lock)"""
-        advanced = advance(rollout, self.state.hosts_seen(now), now, self.take_up_s)
+        limit = self.take_up_s or take_up_s(self.state.cfg.interval_s)
+        advanced = advance(rollout, self.state.hosts_seen(now), now, limit)
         self.state.apply_reload(advanced, now)
         for reason in advanced.reasons:
             logger.info("decision: %s", reason)

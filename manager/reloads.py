@@ -28,9 +28,17 @@ from typing import Any, Literal
 
 from qcluster.messages import CodeInfo
 
-#: Seconds a host has to show the id it was sent before it is skipped (a few report
+#: Seconds a host has to show the id it was sent before it is skipped, at least (a few report
 #: intervals: the id goes out with its next reply, the answer comes with the report after).
 TAKE_UP_S = 30.0
+#: ... and at least this many report intervals (masters report every [manager] interval_s,
+#: up to 60 s: a fixed 30 s skipped every host of a 40 s cluster, which then reloaded anyway).
+TAKE_UP_INTERVALS = 3
+
+
+def take_up_s(report_interval_s: float) -> float:
+    """How long a host asked to reload has to show the id before it is skipped."""
+    return max(TAKE_UP_S, TAKE_UP_INTERVALS * report_interval_s)
 
 StepState = Literal["waiting", "asked", "took", "failed", "skipped"]
 RolloutState = Literal["running", "done", "stopped"]
@@ -126,6 +134,8 @@ def advance(rollout: Rollout, hosts: Mapping[str, HostSeen], now: float,
             steps[index] = _follow(step, hosts.get(step.host), now, take_up_s)
             if steps[index].state == "asked":
                 return Advanced(replace(rollout, steps=tuple(steps)), (), ())
+            if steps[index].state == "skipped":
+                asks.append((step.host, ""))  # withdrawn: a late master must not reload now
             reasons.append(_reason(steps[index]))
             if steps[index].state == "failed":
                 note = f"reload stopped: {step.host} failed: {steps[index].note}{_left(steps)}"

@@ -18,6 +18,7 @@ from qcluster.manager.reloads import (
     Rollout,
     advance,
     start,
+    take_up_s,
 )
 from qcluster.messages import CodeInfo, ReloadState
 
@@ -96,6 +97,20 @@ def test_a_host_that_never_takes_the_request_up_is_skipped_after_the_timeout() -
     later = advance(rollout, hosts, TAKE_UP_S + 0.1)
     assert states(later.rollout) == ["skipped", "asked"]
     assert "did not take up the reload within 30 s" in later.rollout.steps[0].note
+    assert ("a", "") in later.asks  # withdrawn, so a late master does not reload beside b
+
+
+@pytest.mark.parametrize(("interval_s", "limit_s"), [(2.0, 30.0), (10.0, 30.0), (40.0, 120.0),
+                                                    (60.0, 180.0)])
+def test_the_take_up_time_covers_three_report_intervals(interval_s: float,
+                                                        limit_s: float) -> None:
+    """Masters report every [manager] interval_s (up to 60 s): an id sent at one reply is
+    shown at the report after. A fixed 30 s skipped every host of a 40 s cluster at the
+    first round after asking, and each then reloaded anyway, several at once."""
+    assert take_up_s(interval_s) == limit_s
+    rollout = asked(["a", "b"]).rollout
+    first_round = advance(rollout, {"a": seen(""), "b": seen()}, interval_s, take_up_s(interval_s))
+    assert states(first_round.rollout) == ["asked", "waiting"]
 
 
 def test_a_host_not_reporting_when_its_turn_comes_is_skipped() -> None:
@@ -200,4 +215,5 @@ def test_a_rollout_reloads_one_host_at_a_time_and_ends_as_its_hosts_behave(
     ended = [s for s in states(rollout) if s != "waiting"]
     assert ended == expected
     assert rollout.state == ("stopped" if "failed" in expected else "done")
-    assert len(set(ids.values())) == len(ids)  # every host asked got an id of its own
+    given = [i for i in ids.values() if i]  # "": withdrawn from a skipped host
+    assert len(set(given)) == len(given)  # every host asked got an id of its own
