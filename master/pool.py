@@ -63,6 +63,9 @@ class SlotPool:
         """Where slots are forked from: None the master itself, else a reload template."""
         self.generation = 0
         """The generation new slots get (see master/reload.py)."""
+        self.serving_generations: set[int] = {0}
+        """Generations the rollout leaves alone: ``generation``, and a dead template's
+        whose slots serve on while new ones come from older code."""
         self.on_hello: OnHello = lambda slot: None
         self.on_ended: OnEnded = lambda slot, reason, code: None
         self.on_other_child: OnOtherChild = lambda pid, code: None
@@ -70,10 +73,15 @@ class SlotPool:
     def slot_of(self, pid: int) -> SlotRecord | None:
         return next((s for s in self.slots.values() if s.pid == pid), None)
 
+    def is_current(self, slot: SlotRecord) -> bool:
+        """Not to be replaced by a rollout (see ``serving_generations``)."""
+        return slot.generation in self.serving_generations
+
     def live(self) -> list[LiveSlot]:
-        """The slots as the reconcile step sees them."""
+        """The slots as the reconcile step sees them (a current one as of ``generation``)."""
         return [LiveSlot(s.slot_no, s.queue, s.state in ("idle", "starting"), s.stopping,
-                         s.generation, s.state == "starting")
+                         self.generation if self.is_current(s) else s.generation,
+                         s.state == "starting")
                 for s in self.slots.values()]
 
     def apply(self, actions: Sequence[Action], now: float) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,6 +90,8 @@ class CodeSources:
 
     def __init__(self, pool: SlotPool, base: CodeSource) -> None:
         self.pool = pool
+        self.base = base
+        """The master's own code: forked from when no template is left to fork from."""
         self.serving = base
         """Where new slots come from (the newest code once its template is ready)."""
         self.previous: CodeSource | None = None
@@ -100,7 +101,8 @@ class CodeSources:
 
     def policies(self) -> dict[str, QueuePolicy]:
         """Every queue a live slot may run, the newest code's policy first."""
-        older = self.previous.policies if self.previous else {}
+        previous = self.previous  # one read: the reporter thread calls this
+        older = previous.policies if previous else {}
         return {**older, **self.serving.policies}
 
     def templates(self) -> list[Template]:
@@ -132,12 +134,27 @@ class CodeSources:
         self.serve(source)
         return source
 
-    def fall_back(self) -> None:
-        """Fork from the previous code again and end the new code's template."""
+    def fall_back(self) -> CodeSource:
+        """Fork from the previous code again (the master's own when the previous template
+        is gone too) and end the new code's template; returns what serves now."""
         failed, back, self.previous = self.serving, self.previous, None
-        if back is not None:
-            self.serve(back)
-            self.end_source(failed)
+        if back is None or not _alive(back):
+            back = self.base
+        self.serve(back)
+        self.end_source(failed)
+        return back
+
+    def serving_died(self) -> CodeSource:
+        """The serving template died: fork from the previous code while rolling (the
+        rollout then replaces the new slots), else from the master's own code; the dead
+        template's slots serve on (the rollout leaves them alone)."""
+        if self.previous is not None:
+            return self.fall_back()
+        dead = self.serving
+        self.end_source(dead)
+        self.serve(self.base)
+        self.pool.serving_generations.add(dead.generation)
+        return self.base
 
     def retire_previous(self) -> None:
         if self.previous is not None:
@@ -147,6 +164,7 @@ class CodeSources:
     def serve(self, source: CodeSource) -> None:
         self.serving = source
         self.pool.template, self.pool.generation = source.template, source.generation
+        self.pool.serving_generations = {source.generation}
 
     def end_source(self, source: CodeSource) -> None:
         if source.template is not None:
@@ -238,7 +256,7 @@ class Reloader:
     def after_pass(self) -> None:
         """After the decide step: the rollout is over once no older slot is left."""
         serving = self.code.serving
-        old_slots = sum(1 for s in self.pool.slots.values() if s.generation != serving.generation)
+        old_slots = sum(1 for s in self.pool.slots.values() if not self.pool.is_current(s))
         self.old_slots = old_slots
         if self.code.previous is None or old_slots:
             return
@@ -308,6 +326,23 @@ class Reloader:
             self._fail(f"the template exited with code {code} before it answered")
         elif (serving.template is not None and pid == serving.template.pid
                 and not serving.template.ended):
-            logger.error("the template of version %s (pid %d) exited with code %d: "
-                         "reloading", serving.version, pid, code)
-            self.start("its template died", time.monotonic())
+            self._serving_died(pid, code)
+
+    def _serving_died(self, pid: int, code: int) -> None:
+        """No reload nobody asked for (the code on disk may be broken): new slots come
+        from older code still alive; the slots already forked serve on."""
+        dead = self.code.serving
+        back = self.code.serving_died()
+        error = (f"the template of version {dead.version} (pid {pid}) exited with code "
+                 f"{code}: new slots are forked from version {back.version} (generation "
+                 f"{back.generation}) until the next reload")
+        if self.state == "rolling":
+            self._fail(error)  # the rollout goes back to the older code
+        else:
+            self.error = error
+            logger.error("%s", error)
+
+
+def _alive(source: CodeSource) -> bool:
+    """Slots can be forked from it: the master's own code, or a template not ended."""
+    return source.template is None or not (source.template.ended or source.template.reaped)

@@ -291,24 +291,91 @@ def test_a_template_that_cannot_be_started_fails_the_reload_only(r: Reloading) -
     assert h.live_pids() == old and h.returned is None
 
 
-def test_a_dead_serving_template_is_replaced_by_a_fresh_one(
+def test_a_dead_serving_template_starts_no_reload_and_the_master_forks_again(
     r: Reloading, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Review finding 1: a dead template (OOM killer, an operator) reloaded whatever code
+    was on disk; when that failed, every later fork went to the dead template (EPIPE) and
+    a crashed slot was never replaced."""
     h = r.h
     old = started(h)
     h.signal(signal.SIGHUP)
     h.step()
     r.ready()
     h.step()
-    serving = r.template
+    roll_to_the_end(r, old)
+    serving, survivors = r.template, h.live_pids()
     h.os.exits.append((serving.pid, 9))  # OOM-killed, or killed after a fork timeout
     h.step()
-    assert len(r.templates) == 2 and r.code().state == "loading"
-    assert "exited with code -9: reloading" in caplog.text
-    assert set(old) <= set(h.live_pids())  # the slots are the master's: none lost
+    assert len(r.templates) == 1 and serving.ended  # no reload nobody asked for
+    assert "exited with code -9: new slots are forked from version" in caplog.text
+    code = r.code()
+    assert code.generation == 0 and code.state == "idle" and "exited with code -9" in code.error
+    assert code.old_slots == 0 and set(h.live_pids()) == set(survivors)
+    h.step(1.0)
+    assert not r.stop_orders()  # the new code's slots serve on: nothing replaces them
+    victim, forks = survivors[0], len(h.os.forks)
+    h.exit(victim, 70 << 8)  # a crash: restarted by the master itself (generation 0)
+    h.step()
+    h.step(1.0)
+    assert len(h.os.forks) == forks + 1 and h.os.forks[-1] not in serving.forked
+    assert len(h.live_pids()) == 4 and not r.stop_orders()
+    h.signal(signal.SIGHUP)  # a reload asked for later replaces every slot
+    h.step()
     r.ready("v3")
     h.step()
-    assert r.code().version == "v3" and serving.ended and serving.reaped
+    assert r.code().old_slots == 4 and r.code().generation == 2
+
+
+def test_a_serving_template_dead_mid_rollout_rolls_back(r: Reloading) -> None:
+    """Finding 1, mid-rollout: forks go back to the previous code and the rollout
+    replaces the new slots with it (it stuck at failed with old_slots=1 before)."""
+    h = r.h
+    old = started(h)
+    h.signal(signal.SIGHUP)
+    h.step()
+    r.ready()
+    h.step()
+    [new] = r.template.forked
+    h.hello(new)
+    h.step()
+    [retiring] = r.stop_orders()
+    h.exit(retiring, 0)
+    h.step()
+    h.os.exits.append((r.template.pid, 9))
+    h.step()
+    code = r.code()
+    assert code.state == "failed" and "exited with code -9" in code.error
+    assert code.generation == 0 and len(r.templates) == 1
+    for _ in range(10):
+        h.step(0.5)
+        h.hello(*[p for p in h.live_pids() if h.states()[p] == "starting"])
+        for pid in r.stop_orders():
+            h.exit(pid, 0)
+    assert new not in h.live_pids() and len(h.live_pids()) == 4
+    assert r.code().old_slots == 0 and set(old) - {retiring} <= set(h.live_pids())
+
+
+def test_a_rollback_when_both_templates_died_forks_from_the_master(r: Reloading) -> None:
+    h = r.h
+    old = started(h)
+    for version in ("v2", "v3"):
+        h.signal(signal.SIGHUP)
+        h.step()
+        r.ready(version)
+        h.step()
+        if version == "v2":
+            roll_to_the_end(r, old)
+    previous, serving = r.templates
+    h.os.exits.append((previous.pid, 9))
+    h.step()
+    h.os.exits.append((serving.pid, 9))
+    h.step()
+    assert r.code().generation == 0 and r.code().state == "failed"
+    for pid in r.stop_orders():  # the rollout replaces every slot with the master's code
+        h.exit(pid, 0)
+    h.step(1.0)
+    assert h.os.forks[-1] not in previous.forked + serving.forked  # the master forks
 
 
 def test_a_new_slot_that_dies_after_its_queue_booted_is_only_restarted(
