@@ -175,13 +175,19 @@ class ProcessEffects:
 
     def fork(self, queue: str, slot_no: int, main: SlotMain) -> int | None:
         """Fork a slot running ``main``; returns its pid (its channel is watched by pid), or
-        None when another thread holds a socket this instant (the next pass forks)."""
+        None when another thread holds a socket this instant (the next pass forks).
+        OSError: no descriptor, process or memory left (nothing is left open)."""
         if not self.fork_lock.acquire(blocking=False):
             return None
         master_pid = os.getpid()
         try:
             master_end, slot_end = slot_channel_pair()
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:  # no process or memory left: nothing left open behind
+                master_end.close()
+                slot_end.close()
+                raise
         finally:
             if os.getpid() == master_pid:
                 self.fork_lock.release()
@@ -198,7 +204,8 @@ class ProcessEffects:
 
     def fork_via(self, template: Template, queue: str, slot_no: int) -> int | None:
         """Have a reload template fork the slot (its channel end and TakeProgress memfd go
-        over with SCM_RIGHTS); None when the template did not answer."""
+        over with SCM_RIGHTS); None when the template did not answer (every descriptor
+        of the attempt is closed). OSError: no descriptor left for the channel."""
         master_end, slot_end = slot_channel_pair()
         progress = master_end.progress
         if progress is not None and progress.fd is None:

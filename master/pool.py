@@ -97,10 +97,15 @@ class SlotPool:
 
     def fork(self, queue: str, now: float) -> None:
         slot_no = next(n for n in range(len(self.slots) + 1) if n not in self.slots)
-        if self.template is None:
-            pid = self.effects.fork(queue, slot_no, self._slot_main)
-        else:
-            pid = self.effects.fork_via(self.template, queue, slot_no)
+        try:
+            if self.template is None:
+                pid = self.effects.fork(queue, slot_no, self._slot_main)
+            else:
+                pid = self.effects.fork_via(self.template, queue, slot_no)
+        except OSError as exc:  # at the descriptor or process limit: not the master's end
+            logger.error("cannot fork a slot for %s (retried at the next pass): %s",
+                         queue, exc)
+            return
         if pid is None:
             return
         self.slots[slot_no] = SlotRecord(slot_no, pid, queue, self._wall_clock(), now, now,

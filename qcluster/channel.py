@@ -74,7 +74,11 @@ class TakeProgress(Progress):
             except OSError:  # no memfd here (a seccomp filter, an old kernel): shared
                 self.close_fd()  # all the same through fork, but it cannot be passed on
                 fd = -1
-        self._map = mmap.mmap(fd, self.SIZE)
+        try:
+            self._map = mmap.mmap(fd, self.SIZE)
+        except OSError:
+            self.close_fd()
+            raise
         view = memoryview(self._map)
         self.states = view[self._STATES_AT : self._ATTEMPTS_AT]
         """One state byte per job of the take, by its index in the take."""
@@ -179,8 +183,11 @@ class Channel(Generic[In]):
     def close(self) -> None:
         self.closed = True
         self.sock.close()
-        # Only dropped: the other end (same process before fork) may still read it; the
-        # mapping goes with the last reference.
+        # Its memfd is closed (a failed fork leaked one per attempt); the mapping is only
+        # dropped: the other end (same process before fork) may still read it, and it
+        # goes with the last reference.
+        if self.progress is not None:
+            self.progress.close_fd()
         self.progress = None
 
 
@@ -188,9 +195,15 @@ def slot_channel_pair() -> tuple[Channel[SlotToMaster], Channel[MasterToSlot]]:
     """(master end, slot end) of a new channel, sharing one TakeProgress. Call before fork;
     each side closes the other (closing an end unmaps only its own process's view)."""
     master_sock, slot_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        progress = TakeProgress()
+    except OSError:  # (no memory for the mapping): nothing left open behind
+        master_sock.close()
+        slot_sock.close()
+        raise
     master_end: Channel[SlotToMaster] = Channel(master_sock, SLOT_TO_MASTER)
     slot_end: Channel[MasterToSlot] = Channel(slot_sock, MASTER_TO_SLOT)
-    master_end.progress = slot_end.progress = TakeProgress()
+    master_end.progress = slot_end.progress = progress
     return master_end, slot_end
 
 
