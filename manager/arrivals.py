@@ -38,7 +38,7 @@ def unreported(latest: Iterable[tuple[float, float]], now: float) -> float:
     return sum(rate * max(0.0, now - at) for at, rate in latest)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ArrivalCount:
     """One round's count."""
 

@@ -86,7 +86,7 @@ IDLE_MIN_DRAIN_S = 10.0
 IDLE_DRAIN_S = 5.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QueueWindow:
     """A queue's statistics over the planning window, summed over live hosts."""
 
@@ -121,7 +121,7 @@ class Why:
         return format(str(self), spec)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Streak:
     """The planner's memory between rounds, beyond the plan itself: the work estimate and
     the hold counters. A :class:`Need` computes them, its :class:`QueuePlan` carries them to
@@ -144,7 +144,7 @@ class Streak:
 STREAK_FIELDS = tuple(f.name for f in fields(Streak))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QueuePlan(Streak):
     name: str
     current: int
@@ -164,7 +164,7 @@ class QueuePlan(Streak):
         return str(self.why)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QueueInput:
     name: str
     policy: QueuePolicy
@@ -178,7 +178,7 @@ class QueueInput:
     """This queue's plan of the previous round (None on the first round)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Need(Streak):
     """One queue's need, with the numbers the decision used."""
 
