@@ -6,7 +6,8 @@ The master cannot un-import its app, so a reload (SIGHUP, or the manager's
 It imports the app as the master did
 (``load_app`` + the ``[queues.X]`` overrides of a re-read qcluster.toml), checks every
 queue of the row has a handler, freezes the GC, and answers on its control socket with
-:class:`Ready` (version, queue policies) or :class:`Failed` (one line). Any exception at
+:class:`Ready` (version, queue policies) or :class:`Failed` (one line), in parts
+(``channel.send_parts``: 1000 queues' policies exceed one packet). Any exception at
 import, SyntaxError included, is a :class:`Failed`.
 
 Then it forks slots on request: the master sends :class:`ForkSlot` with the slot's
@@ -38,8 +39,10 @@ from qcluster import exitcodes
 from qcluster.channel import (
     MAX_PACKET_BYTES,
     Channel,
+    PartsReader,
     TakeProgress,
     receive_with_fds,
+    send_parts,
     send_with_fds,
 )
 from qcluster.messages import MASTER_TO_SLOT, MasterToSlot
@@ -120,7 +123,7 @@ def main(argv: list[str]) -> int:
     control = socket.socket(fileno=int(argv[0]))
     # The spec comes over the socket, not the command line: a broker URL may hold a
     # password, and any local user can read a command line.
-    spec = TemplateSpec.model_validate_json(control.recv(MAX_PACKET_BYTES))
+    spec = TemplateSpec.model_validate_json(PartsReader().read(control))
     from qcluster.cli_support import setup_logging
     from qcluster.master.effects import set_parent_death_signal
 
@@ -134,12 +137,12 @@ def main(argv: list[str]) -> int:
         ready, app = import_app(spec)
     except BaseException as exc:  # any failure of the new code (SyntaxError, SystemExit)
         with contextlib.suppress(OSError):  # (the master may have gone meanwhile)
-            control.send(Failed(error=one_line(exc)).model_dump_json().encode())
+            send_parts(control, Failed(error=one_line(exc)).model_dump_json().encode())
         return exitcodes.OK
     gc.collect()
     gc.freeze()  # the slots share what the import made, copy-on-write
     try:
-        control.send(ready.model_dump_json().encode())
+        send_parts(control, ready.model_dump_json().encode())  # 1000 queues: ~300 KB
     except OSError:
         return exitcodes.OK  # the master ended this template (or is gone)
     return serve(control, spec, app)
@@ -257,9 +260,10 @@ class TemplateHandle:
             self.pid = os.posix_spawn(sys.executable, args, dict(os.environ))
         finally:
             template_end.close()
-        master_end.send(spec.model_dump_json().encode())  # read first (a socket buffer)
+        send_parts(master_end, spec.model_dump_json().encode())  # read first
         master_end.setblocking(False)
         self.sock = master_end
+        self._answer_parts = PartsReader()
         self.answer: Ready | Failed | None = None
         self.ended = False
         self.reaped = False
@@ -270,11 +274,11 @@ class TemplateHandle:
         if self.answer is not None or self.ended:
             return self.answer
         try:
-            packet = self.sock.recv(MAX_PACKET_BYTES)
+            packet = self._answer_parts.read(self.sock)  # several packets: see send_parts
         except BlockingIOError:
             return None
-        except OSError as exc:
-            packet, self.answer = b"", Failed(error=f"template unreachable: {exc}")
+        except (OSError, ValueError) as exc:
+            packet, self.answer = b"", Failed(error=f"template unreachable: {one_line(exc)}")
         if not packet:
             self.answer = self.answer or Failed(error="the template exited before it answered")
             return self.answer

@@ -29,6 +29,10 @@ from qcluster.messages import (
 )
 
 MAX_PACKET_BYTES = 64 * 1024
+#: One part of a message sent in parts (:func:`send_parts`), and the most those carry.
+PART_BYTES = 32 * 1024
+MAX_PARTS_BYTES = 16 << 20
+_MORE, _LAST = b"+", b"."
 
 In = TypeVar("In")
 
@@ -216,3 +220,39 @@ def receive_with_fds(sock: socket.socket, max_fds: int = 4) -> tuple[bytes, list
     """One packet and the descriptors it carried (b"" on EOF)."""
     data, fds, _flags, _addr = socket.recv_fds(sock, MAX_PACKET_BYTES, max_fds)
     return data, fds
+
+
+def send_parts(sock: socket.socket, payload: bytes) -> None:
+    """One message of any size as packets of at most ``PART_BYTES``, each flagged more or
+    last: a reload template's answer with 1000 queues' policies exceeds one packet (and
+    the socket's send buffer). Blocks while the peer's buffer is full."""
+    for at in range(0, max(len(payload), 1), PART_BYTES):
+        last = at + PART_BYTES >= len(payload)
+        sock.send((_LAST if last else _MORE) + payload[at : at + PART_BYTES])
+
+
+class PartsReader:
+    """Reassembles what :func:`send_parts` sent, across non-blocking reads."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def read(self, sock: socket.socket) -> bytes:
+        """The whole message once its last part came (b"" on EOF). BlockingIOError: not
+        all of it yet (the parts so far are kept for the next call). ValueError: over
+        ``MAX_PARTS_BYTES`` or not in parts."""
+        while True:
+            packet = sock.recv(MAX_PACKET_BYTES)
+            if not packet:
+                return b""
+            flag, part = packet[:1], packet[1:]
+            if flag not in (_MORE, _LAST):
+                raise ValueError("not a message in parts")
+            self._size += len(part)
+            if self._size > MAX_PARTS_BYTES:
+                raise ValueError(f"a message over {MAX_PARTS_BYTES} bytes")
+            self._parts.append(part)
+            if flag == _LAST:
+                whole, self._parts, self._size = b"".join(self._parts), [], 0
+                return whole

@@ -219,3 +219,29 @@ def test_without_memfd_the_take_is_still_shared_through_fork(
         os._exit(0)
     os.waitpid(pid, 0)
     assert bytes(progress.states[:2]) == b"\x03\x04"
+
+
+MANY = '''
+from qcluster import App
+
+app = App("t", version="many")
+
+
+def handle(jobs):
+    pass
+
+
+for n in range(1000):
+    app.queue(f"q{n:04d}_" + "x" * 90, batch_size=n % 50 + 1)(handle)
+'''
+
+
+def test_a_ready_with_1000_queues_policies_is_read(app_dir: Path, tmp_path: Path) -> None:
+    """Review finding 4: ~170 queues' policies exceeded one 64 KiB packet ("the
+    template's answer is not readable"): an app with 200 queues could never reload. The
+    row (1000 names of 96 characters, ~100 KB) goes over in parts too."""
+    (app_dir / "tmpl_app.py").write_text(MANY)
+    row = [f"q{n:04d}_" + "x" * 90 for n in range(1000)]
+    result = answer(TemplateHandle(spec(tmp_path, row=row)))
+    assert isinstance(result, Ready), result
+    assert len(result.queues) == 1000 and result.queues[row[999]].batch_size == 50
