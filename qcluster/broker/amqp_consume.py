@@ -16,14 +16,14 @@ from qcluster.broker.amqp_link import MAX_BLOCK_S
 from qcluster.broker.amqp_messages import (
     ACTIVATE_HEADER,
     ATTEMPTS_HEADER,
-    DELIVERY_COUNT_HEADER,
     SUSPECT_HEADER,
     _body,
+    _charge_redelivery,
     _fold_delivery_count,
     _is_clean,
     _malformed_delivery,
+    _taken_attempts,
     _uncounted_redelivery,
-    _whole,
 )
 from qcluster.broker.amqp_publish import Publishing
 from qcluster.broker.amqp_topology import queue_exchange
@@ -273,23 +273,21 @@ class Consuming(Publishing):
 
     def _give_back_raw(self, queue: str, state: _Consumer, messages: list[Any]) -> None:
         """Republish delivered messages, then ack them: unchanged when they were never
-        handed out (no attempt charged), counted and suspect when the broker redelivered
-        them (the consumer that had them died). Confirmed before the ack: a crash in
-        between duplicates, never loses.
+        handed out (no attempt charged); suspect when the broker redelivered them (the
+        consumer that had them died), charged an attempt only if they were suspect
+        already (amqp_messages._charged: a suspect job ran alone, so the death was its
+        own; any other held job may not have run at all). Confirmed before the ack: a
+        crash in between duplicates, never loses.
 
         Classic queues only flag a redelivery; without counting it a job whose slot dies
-        every time (a poison job) would count 2 attempts forever and never reach
-        max_attempts.
+        every time (a poison job) would never reach max_attempts.
         """
         copies = []
         for message in messages:
             properties = dict(message.properties)
             headers = dict(properties.get("application_headers") or {})
             if _uncounted_redelivery(message):
-                attempts = _whole(headers.get(ATTEMPTS_HEADER, 0))
-                if attempts is not None:  # an unreadable count stays: the slot dead-letters it
-                    headers[ATTEMPTS_HEADER] = attempts + 1
-                headers[SUSPECT_HEADER] = 1
+                _charge_redelivery(headers, 1)
                 headers.setdefault(ACTIVATE_HEADER, time.time())
             _fold_delivery_count(headers)  # a quorum queue's count, neither lost nor doubled
             properties["application_headers"] = headers
@@ -304,12 +302,7 @@ class Consuming(Publishing):
         tag = message.delivery_tag
         try:
             headers = message.headers or {}
-            attempts = int(headers.get(ATTEMPTS_HEADER, 0)) + 1
-            suspect = SUSPECT_HEADER in headers
-            if DELIVERY_COUNT_HEADER in headers:  # quorum queues count redeliveries
-                redeliveries = int(headers[DELIVERY_COUNT_HEADER])
-                attempts += redeliveries
-                suspect = suspect or redeliveries > 0
+            attempts, suspect = _taken_attempts(headers)
             activate_at = float(headers.get(ACTIVATE_HEADER, now))
             job_id = message.properties.get("message_id") or f"amqp-{tag}"
             body = message.body if isinstance(message.body, bytes) else message.body.encode()

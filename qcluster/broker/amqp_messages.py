@@ -26,22 +26,58 @@ def _uncounted_redelivery(message: Any) -> bool:
     return bool(message.delivery_info.get("redelivered")) and DELIVERY_COUNT_HEADER not in headers
 
 
-def _fold_delivery_count(headers: dict[str, Any]) -> None:
-    """A copy of a quorum queue's message records the broker's redeliveries in qcluster's
-    own count: the broker's header is dropped (the copy is a new message whose count starts
-    at 0, and RabbitMQ would overwrite a kept one at its first redelivery, losing the earlier
-    deaths; kept as it is, it would be added again). Unreadable values stay: the slot
+def _charged(suspect: bool, redeliveries: int) -> int:
+    """Attempts charged for ``redeliveries`` (deaths of consumers that held the message).
+
+    A consumer that dies gets every message it held redelivered: the one running and the
+    rest of its take and read-ahead, and nothing left says which one ran. So the first
+    death of a message that was not suspect is not charged: it comes back suspect and
+    runs alone (see Consuming._hold_one_suspect). A death of a suspect message is its
+    own (it ran alone) and is charged. A quorum queue counts every death, suspect or not
+    when it happened: only the first is forgiven (the message is suspect from then on,
+    being redelivered)."""
+    if redeliveries <= 0:
+        return 0
+    return redeliveries if suspect else redeliveries - 1
+
+
+def _charge_redelivery(headers: dict[str, Any], redeliveries: int) -> None:
+    """Record ``redeliveries`` in the headers of a redelivered message's copy: attempts
+    charged by :func:`_charged`, and suspect. An unreadable count stays as it is: the slot
     dead-letters the copy as malformed."""
-    if DELIVERY_COUNT_HEADER not in headers:
+    if redeliveries <= 0:
         return
     attempts = _whole(headers.get(ATTEMPTS_HEADER, 0))
-    redeliveries = _whole(headers[DELIVERY_COUNT_HEADER])
-    if attempts is None or redeliveries is None:
+    if attempts is not None:
+        headers[ATTEMPTS_HEADER] = attempts + _charged(SUSPECT_HEADER in headers, redeliveries)
+    headers[SUSPECT_HEADER] = 1
+
+
+def _fold_delivery_count(headers: dict[str, Any]) -> None:
+    """A copy of a quorum queue's message records the broker's redeliveries in qcluster's
+    own count (charged as :func:`_charged` says): the broker's header is dropped (the copy
+    is a new message whose count starts at 0, and RabbitMQ would overwrite a kept one at
+    its first redelivery, losing the earlier deaths; kept as it is, it would be added
+    again). Unreadable values stay: the slot dead-letters the copy as malformed."""
+    if DELIVERY_COUNT_HEADER not in headers:
         return
-    headers[ATTEMPTS_HEADER] = attempts + redeliveries
+    redeliveries = _whole(headers[DELIVERY_COUNT_HEADER])
+    if redeliveries is None or _whole(headers.get(ATTEMPTS_HEADER, 0)) is None:
+        return
     del headers[DELIVERY_COUNT_HEADER]
-    if redeliveries:
-        headers[SUSPECT_HEADER] = 1
+    _charge_redelivery(headers, redeliveries)
+
+
+def _taken_attempts(headers: dict[str, Any]) -> tuple[int, bool]:
+    """A delivered message's attempt number (this take included) and whether it is
+    suspect. Raises ValueError or TypeError on an unreadable count (malformed)."""
+    attempts = int(headers.get(ATTEMPTS_HEADER, 0)) + 1
+    suspect = SUSPECT_HEADER in headers
+    if DELIVERY_COUNT_HEADER in headers:  # quorum queues count redeliveries
+        redeliveries = int(headers[DELIVERY_COUNT_HEADER])
+        attempts += _charged(suspect, redeliveries)
+        suspect = suspect or redeliveries > 0
+    return attempts, suspect
 
 
 def _released_headers(delivery: Delivery) -> dict[str, Any]:

@@ -172,14 +172,20 @@ def test_f14_poison_jobs(chaos: ChaosRun) -> None:
     assert result.lost == 0 and result.unexpected == 0 and result.dead == len(poison_ids)
     assert result.completed == result.acknowledged - len(poison_ids)  # every healthy job
     assert result.residue_total == 0, result.residue
+    # RabbitMQ: a crash that is not yet the job's own (it ran beside others) is not
+    # charged; the job runs alone once more, attempt 1 again (docs/chaos.md, F14).
+    first_free = chaos.broker.name == "rabbitmq"
     for job_id, kind in poison_ids.items():
         attempts = [run.attempt for run in sorted(ledger.runs[job_id], key=lambda r: r.start_m)]
-        assert attempts == list(range(1, max_attempts + 1)), (job_id, kind, attempts)
+        charged = list(range(1, max_attempts + 1))
+        expected = [1, *charged] if first_free and kind != "raise" else charged
+        assert attempts == expected, (job_id, kind, attempts)
         assert dead[job_id].attempts == max_attempts, (job_id, kind, dead[job_id])
     assert len(backoffs) == kinds.count("raise") * (max_attempts - 1)
     for job_id, retry, measured, low, high in backoffs:
         assert 0.9 * low <= measured <= 1.1 * high + PICKUP_S, (job_id, retry, measured, low, high)
-    crashes = sum(1 for kind in poison_ids.values() if kind != "raise") * max_attempts
+    crashes = sum(1 for kind in poison_ids.values() if kind != "raise") * (
+        max_attempts + first_free)
     assert result.dup_exec <= crashes * 4, result  # a crash re-runs at most its batch of 4
 
 

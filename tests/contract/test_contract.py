@@ -77,18 +77,21 @@ def test_jobs_of_a_consumer_that_went_away_come_back(
     taken = take_all(crashed, queue_name, 3, lock_s=0.5)
     assert len(taken) == 3
     crashed.close()
-    # Then another consumer gets them, with the attempt counted
+    # Then another consumer gets them, with the attempt counted (RabbitMQ cannot tell
+    # which of a dead consumer's jobs ran: none is charged, each comes back suspect)
     again = take_all(broker, queue_name, 3)
     assert {d.id for d in again} == set(ids)
-    assert all(d.attempts == 2 for d in again)
+    amqp = broker_url.startswith("amqp")
+    assert all((d.attempts, d.suspect) == (1, True) if amqp else d.attempts == 2 for d in again)
 
 
 def test_every_consumer_death_counts_as_an_attempt(
     broker_url: str, broker: Broker, queue_name: str
 ) -> None:
     # A job that kills its slot every time must reach max_attempts, not loop forever.
+    # (RabbitMQ: the first death of a job not yet suspect is not charged; it runs alone.)
     (job_id,) = publish(broker, queue_name, 1)
-    for expected in (1, 2):
+    for expected in (1, 1, 2) if broker_url.startswith("amqp") else (1, 2):
         crashed = open_broker(broker_url)
         (delivery,) = take_all(crashed, queue_name, 1, lock_s=0.5)
         assert (delivery.id, delivery.attempts) == (job_id, expected)

@@ -82,7 +82,8 @@ def test_a_dropped_connection_is_reopened_and_its_jobs_come_back(
 
         broker.ack(queue_name, [held])  # stale delivery: ignored, the job comes back
         again = broker.take(queue_name, max_jobs=1, lock_timeout_s=5, wait_s=10)
-        assert [(d.id, d.attempts) for d in again] == [("j1", 2)]
+        # Its consumer is gone: back suspect, not charged (amqp_messages._charged).
+        assert [(d.id, d.attempts, d.suspect) for d in again] == [("j1", 1, True)]
         broker.ack(queue_name, again)
         assert broker.stats(queue_name).model_dump() == {
             "ready": 0, "locked": 0, "delayed": 0, "dead": 0
