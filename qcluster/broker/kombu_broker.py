@@ -35,9 +35,11 @@ How the queue-server contract maps onto AMQP (README, "Backend semantics"):
   levels), one ladder per queue so that ``stats`` can count the queue's delayed jobs.
   Delays are whole seconds, rounded up.
 - Attempts: a header records the takes before this copy of the message; a take adds
-  one. A message the broker redelivers (its consumer died) is republished with the
-  header incremented and marked suspect, and the original acked, so crashes count too
-  (quorum queues' ``x-delivery-count`` is used instead when present).
+  one. A message the broker redelivers (its consumer died) is republished marked
+  suspect, and the original acked; the header is incremented only if it was suspect
+  already (it ran alone: the death was its own), so no batch-mate is charged for a
+  crash and a poison job's crashes after its first count (quorum queues'
+  ``x-delivery-count`` the same way, :func:`~qcluster.broker.amqp_messages._charged`).
 - A message whose properties or headers cannot be read is handed to the slot marked
   ``malformed`` (the slot dead-letters it); nothing a producer sends stops a slot.
 - Heartbeats (``?heartbeat=`` seconds in the URL, default 10) are sent by a small thread
