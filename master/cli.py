@@ -6,6 +6,7 @@ import contextlib
 import gc
 import logging
 import re
+import signal
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -93,6 +94,10 @@ def master(
     ] = "INFO",
 ) -> None:
     """Run this host's slots: fork them from the pre-imported app, size, watch, recycle."""
+    # A reload asked for while the app imports (systemd's ExecReload) must not end the
+    # master (SIGHUP's default): the code being imported is the newest. The loop installs
+    # its own handler (Supervisor.run).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     setup_logging(log_level)
     with user_errors():
         settings = settings_for(config, broker_url=broker, app=app, manager_url=manager)

@@ -251,3 +251,28 @@ def test_slots_forked_by_a_template_share_its_imported_memory(
     # 3 slots with a private copy each: 600 MiB; shared with the template: 150 MiB.
     print(f"\nslot PSS after the reload: {slot_pss / mib:.0f} MiB for 3 slots")
     assert slot_pss < 300 * mib, slot_pss / mib
+
+
+SLOW_IMPORT = """
+open(os.environ["QC_TEST_LOG_DIR"] + "/importing", "w").close()
+time.sleep(4)  # an app that takes a while to import
+"""
+
+
+def test_a_sighup_while_the_master_imports_the_app_does_not_end_it(
+    procs: Procs, redis_url: str, prefix: str, app_dir: Path, logs: Path
+) -> None:
+    """Review finding 5: SIGHUP's default action ended a master still importing its app
+    (before the loop's handler), e.g. systemd's ExecReload=kill -HUP during a slow start.
+    The code being imported is the newest: the signal is ignored until the loop runs."""
+    write_app(app_dir, 1, extra=SLOW_IMPORT)
+    port = _free_port()
+    master = procs.start("master", "master", "--app", "reload_app", "--broker", redis_url,
+                         "--slots", f"{prefix}-work=1", "--listen", str(port))
+    wait_until(lambda: (logs / "importing").exists(), timeout_s=30, message="importing")
+    os.kill(master.pid, signal.SIGHUP)
+    wait_until(lambda: [s["state"] for s in try_json(port, "/api/v1/slots") or []] == ["idle"],
+               timeout_s=40, message="the master started its slot")
+    assert master.poll() is None
+    info = code(port)
+    assert info["state"] == "idle" and info["generation"] == 0 and _failed(port) == 0
