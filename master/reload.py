@@ -309,9 +309,10 @@ class Reloader:
     def _on_ended(self, slot: SlotRecord, reason: RestartReason | None, code: int) -> None:
         """A new slot that dies before any slot of its queue on the new code said hello
         (a boot error, a crash, killed as hung or for memory) aborts the reload: the
-        rollout would wait for that hello forever while the old slots serve."""
+        rollout would wait for that hello forever while the old slots serve. Not one
+        told to stop (a queue paused or scaled down meanwhile): it was not needed."""
         serving = self.code.serving
-        if (self.state == "rolling" and reason is not None
+        if (self.state == "rolling" and reason is not None and not slot.stopping
                 and slot.generation == serving.generation and slot.queue not in self._booted):
             self._abort(f"the first slot of queue {slot.queue} on version "
                         f"{serving.version} could not start ({reason}, exit code "

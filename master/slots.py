@@ -14,6 +14,7 @@ changed; the supervisor does the forking, signalling and logging.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,6 +44,9 @@ BACKOFF_MAX_S = 60.0
 #: until the master restarts (a missing handler does not fix itself).
 BOOT_ERROR_LIMIT = 5
 BOOT_ERROR_CODES = frozenset({exitcodes.BOOT_ERROR, exitcodes.APP_IMPORT})
+#: How a slot told to stop ends cleanly: it exits 0, or SIGTERM's default action ends it
+#: while it boots (its handler is installed when it starts serving; it holds no take yet).
+STOPPED_CODES = frozenset({exitcodes.OK, -signal.SIGTERM})
 
 
 @dataclass
@@ -118,7 +122,7 @@ def decode_exit(
         return slot.kill_reason
     if code == exitcodes.RECYCLE:
         return "recycle"
-    if master_stopping or (slot.stopping and code == exitcodes.OK):
+    if master_stopping or (slot.stopping and code in STOPPED_CODES):
         return None
     if code in BOOT_ERROR_CODES:
         return "boot_error"

@@ -438,3 +438,29 @@ def test_after_an_abort_the_rollback_retires_at_each_hello(
         h.hello(back)
         h.step()
         assert r.stop_orders() == [new_b]
+
+
+def test_pausing_a_queue_while_its_first_new_slot_boots_does_not_abort(
+    r: Reloading
+) -> None:
+    """Review finding 6: the rollout stops a new slot that is still booting (the queue
+    was paused); SIGTERM's default action ends it (-15) before its handler is installed.
+    That was a crash: restart counted, backoff, and the good reload aborted."""
+    h = r.h
+    old = started(h)
+    h.signal(signal.SIGHUP)
+    h.step()
+    r.ready()
+    h.step()
+    [new] = r.template.forked
+    h.sup.set_row({Q: 0})  # paused by the manager
+    h.step()
+    assert set(r.stop_orders()) == {*old, new}
+    h.os.end(new, signal.SIGTERM)  # wait status: killed by SIGTERM
+    for pid in old:
+        h.exit(pid, 0)
+    h.step()
+    info = r.code()
+    assert info.state == "idle" and info.error == "" and info.generation == 1
+    assert h.restarts() == {} and h.sup.snapshot.reloads == {"took": 1, "failed": 0}
+    assert not r.template.ended

@@ -97,6 +97,8 @@ def test_batch_messages_set_and_clear_the_deadline_and_count_jobs() -> None:
     (None, "busy", exitcodes.RECYCLE, False, "recycle"),
     (None, "busy", exitcodes.RECYCLE, True, "recycle"),
     (None, "stopping", exitcodes.OK, False, None),
+    (None, "stopping", -15, False, None),  # SIGTERM while it boots (before its handler)
+    (None, "starting", -15, False, "crash"),  # not told to stop: killed from outside
     (None, "stopping", exitcodes.FAILURE, False, "crash"),
     (None, "stopping", exitcodes.FAILURE, True, None),
     (None, "busy", -9, True, None),
@@ -230,7 +232,7 @@ def test_exit_decoding_properties(
         assert reason == kill_reason  # the master's own kill is counted as such
     elif code == exitcodes.RECYCLE:
         assert reason == "recycle"
-    elif master_stopping or code == exitcodes.OK:
+    elif master_stopping or code == exitcodes.OK or (state == "stopping" and code == -15):
         assert reason is None  # nothing is restarted while stopping; a clean exit is not
     else:
         assert reason in ("crash", "boot_error")
