@@ -34,7 +34,14 @@ from dataclasses import dataclass
 
 from qcluster.master.pool import SlotPool
 from qcluster.master.slots import RestartReason, SlotRecord
-from qcluster.master.template import Failed, Ready, Template, TemplateHandle, TemplateSpec
+from qcluster.master.template import (
+    EXITED_EARLY,
+    Failed,
+    Ready,
+    Template,
+    TemplateHandle,
+    TemplateSpec,
+)
 from qcluster.messages import MAX_SLOTS, CodeInfo, ReloadState
 from qcluster.policy import QueuePolicy
 
@@ -144,17 +151,20 @@ class CodeSources:
         self.end_source(failed)
         return back
 
-    def serving_died(self) -> CodeSource:
+    def serving_died(self, pid: int, code: int) -> str:
         """The serving template died: fork from the previous code while rolling (the
         rollout then replaces the new slots), else from the master's own code; the dead
-        template's slots serve on (the rollout leaves them alone)."""
+        template's slots serve on (the rollout leaves them alone). Returns the error."""
+        dead = back = self.serving
         if self.previous is not None:
-            return self.fall_back()
-        dead = self.serving
-        self.end_source(dead)
-        self.serve(self.base)
-        self.pool.serving_generations.add(dead.generation)
-        return self.base
+            back = self.fall_back()
+        else:
+            self.end_source(dead)
+            self.serve(back := self.base)
+            self.pool.serving_generations.add(dead.generation)
+        return (f"the template of version {dead.version} (pid {pid}) exited with code "
+                f"{code}: new slots are forked from version {back.version} (generation "
+                f"{back.generation}) until the next reload")
 
     def retire_previous(self) -> None:
         if self.previous is not None:
@@ -324,7 +334,7 @@ class Reloader:
         self.code.mark_reaped(pid)
         loading, serving = self.code.loading, self.code.serving
         if loading is not None and pid == loading.pid and not loading.answer:
-            self._fail(f"the template exited with code {code} before it answered")
+            self._fail(exit_error(loading, code))  # (reaped before its answer was read)
         elif (serving.template is not None and pid == serving.template.pid
                 and not serving.template.ended):
             self._serving_died(pid, code)
@@ -332,16 +342,22 @@ class Reloader:
     def _serving_died(self, pid: int, code: int) -> None:
         """No reload nobody asked for (the code on disk may be broken): new slots come
         from older code still alive; the slots already forked serve on."""
-        dead = self.code.serving
-        back = self.code.serving_died()
-        error = (f"the template of version {dead.version} (pid {pid}) exited with code "
-                 f"{code}: new slots are forked from version {back.version} (generation "
-                 f"{back.generation}) until the next reload")
+        error = self.code.serving_died(pid, code)
         if self.state == "rolling":
             self._fail(error)  # the rollout goes back to the older code
         else:
             self.error = error
             logger.error("%s", error)
+
+
+def exit_error(loading: Template, code: int) -> str:
+    """Why a template that exited before its answer was read failed: its own answer
+    (an import error it sent first) when there is one, else its exit."""
+    answer = loading.poll()
+    if isinstance(answer, Failed) and answer.error != EXITED_EARLY:
+        return answer.error
+    when = "after it answered" if isinstance(answer, Ready) else "before it answered"
+    return f"the template exited with code {code} {when}"
 
 
 def _alive(source: CodeSource) -> bool:

@@ -50,6 +50,8 @@ from qcluster.policy import QueuePolicy
 
 logger = logging.getLogger(__name__)
 
+#: The answer of a template whose socket closed before it answered.
+EXITED_EARLY = "the template exited before it answered"
 #: How long a slot waits to be reparented to the master after the middle child exits
 #: (microseconds in practice: the kernel reparents as the middle child exits).
 REPARENT_TIMEOUT_S = 5.0
@@ -280,7 +282,7 @@ class TemplateHandle:
         except (OSError, ValueError) as exc:
             packet, self.answer = b"", Failed(error=f"template unreachable: {one_line(exc)}")
         if not packet:
-            self.answer = self.answer or Failed(error="the template exited before it answered")
+            self.answer = self.answer or Failed(error=EXITED_EARLY)
             return self.answer
         try:
             reply = REPLY.validate_json(packet)

@@ -172,6 +172,28 @@ def test_a_template_that_exits_before_answering_fails(r: Reloading) -> None:
     assert r.code().state == "failed" and "exited with code -9" in r.code().error
 
 
+def test_an_import_error_sent_before_the_template_exited_is_the_error(
+    r: Reloading, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding 7: the master reaps before it reads the template's socket; a
+    template that answered failed and exited was reported as 'exited with code 0 before
+    it answered' instead of its import error."""
+    h = r.h
+    started(h)
+    h.signal(signal.SIGHUP)
+    h.step()
+    template, said = r.template, Failed(error="ModuleNotFoundError: No module named 'x'")
+
+    def poll() -> Failed:  # as TemplateHandle: the answer is read from the socket
+        template.answer = said
+        return said
+
+    monkeypatch.setattr(template, "poll", poll)
+    h.os.exits.append((template.pid, 0))
+    h.step()
+    assert r.code().state == "failed" and r.code().error == said.error
+
+
 @pytest.mark.parametrize(("code", "reason"), [
     (exitcodes.BOOT_ERROR, "boot_error"), (exitcodes.APP_IMPORT, "boot_error"),
     (1, "crash"), (-9, "crash"),
