@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+#: Process names (``/proc/PID/comm``, what ``ps -o comm`` and ``pgrep`` show): a slot
+#: forked by a reload template keeps the template's command line in ``ps -o args``.
+SLOT_NAME, TEMPLATE_NAME = "qc-slot", "qc-template"
 PR_SET_CHILD_SUBREAPER = 36
 #: The key a watched non-slot socket (a reload template's) is reported under by wait().
 OTHER_SOCKET = -1
@@ -49,6 +53,12 @@ def set_parent_death_signal() -> None:
     """Ask the kernel to SIGKILL this process when its parent (the master) dies."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def set_process_name(name: str) -> None:
+    """Name this process (at most 15 bytes) in /proc/PID/comm; the command line stays."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def become_subreaper() -> None:
@@ -228,6 +238,7 @@ class ProcessEffects:
         set_parent_death_signal()
         if os.getppid() != master_pid:  # the master died before prctl took effect
             return exitcodes.FAILURE
+        set_process_name(SLOT_NAME)
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)

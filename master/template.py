@@ -127,9 +127,10 @@ def main(argv: list[str]) -> int:
     # password, and any local user can read a command line.
     spec = TemplateSpec.model_validate_json(PartsReader().read(control))
     from qcluster.cli_support import setup_logging
-    from qcluster.master.effects import set_parent_death_signal
+    from qcluster.master.effects import TEMPLATE_NAME, set_parent_death_signal, set_process_name
 
     set_parent_death_signal()
+    set_process_name(TEMPLATE_NAME)  # its slots, which share its command line: SLOT_NAME
     if os.getppid() != spec.master_pid:
         return exitcodes.FAILURE  # the master died before prctl took effect
     for signum in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C reaches the whole group: the
@@ -202,7 +203,12 @@ def become_slot(control: socket.socket, spec: TemplateSpec, app: object,
                 order: ForkSlot, fds: list[int], middle_pid: int) -> int:
     """In the grandchild: wait to be the master's child, then run the slot."""
     from qcluster.app import App
-    from qcluster.master.effects import child_exit_code, set_parent_death_signal
+    from qcluster.master.effects import (
+        SLOT_NAME,
+        child_exit_code,
+        set_parent_death_signal,
+        set_process_name,
+    )
     from qcluster.slot.runtime import run_slot
 
     deadline = time.monotonic() + REPARENT_TIMEOUT_S
@@ -213,6 +219,7 @@ def become_slot(control: socket.socket, spec: TemplateSpec, app: object,
     set_parent_death_signal()
     if os.getppid() != spec.master_pid:  # the master died before prctl took effect
         return exitcodes.FAILURE
+    set_process_name(SLOT_NAME)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal stops no batch
@@ -260,6 +267,9 @@ class TemplateHandle:
             # posix_spawn, not subprocess: the master reaps every child itself
             # (waitpid(-1)), and a Popen object would race it for this one's status.
             self.pid = os.posix_spawn(sys.executable, args, dict(os.environ))
+        except OSError:
+            master_end.close()  # (no process: nothing left open behind)
+            raise
         finally:
             template_end.close()
         send_parts(master_end, spec.model_dump_json().encode())  # read first

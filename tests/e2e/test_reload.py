@@ -276,3 +276,5 @@ def test_a_sighup_while_the_master_imports_the_app_does_not_end_it(
     assert master.poll() is None
     info = code(port)
     assert info["state"] == "idle" and info["generation"] == 0 and _failed(port) == 0
+    [slot] = get_json(port, "/api/v1/slots")  # a slot the master forked has its name too
+    assert Path(f"/proc/{slot['pid']}/comm").read_text() == "qc-slot\n"

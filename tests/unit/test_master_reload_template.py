@@ -135,6 +135,9 @@ def test_a_slot_forked_through_the_template_is_the_masters_child_and_dies_with_i
         slot, template = pids["slot"], pids["template"]
         assert parent_of(slot) == master.pid  # reparented to the subreaper, not to init
         assert parent_of(template) == master.pid
+        # Review finding 8: the slot shares the template's command line; its name differs.
+        assert Path(f"/proc/{template}/comm").read_text() == "qc-template\n"
+        assert Path(f"/proc/{slot}/comm").read_text() == "qc-slot\n"
         master.send_signal(signal.SIGKILL)
         master.wait()
         wait_until(lambda: not alive(slot) and not alive(template), timeout_s=10,
@@ -245,3 +248,19 @@ def test_a_ready_with_1000_queues_policies_is_read(app_dir: Path, tmp_path: Path
     result = answer(TemplateHandle(spec(tmp_path, row=row)))
     assert isinstance(result, Ready), result
     assert len(result.queues) == 1000 and result.queues[row[999]].batch_size == 50
+
+
+def test_a_template_that_cannot_be_spawned_leaves_no_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_process(*args: object) -> int:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "posix_spawn", no_process)
+    before = len(os.listdir("/proc/self/fd"))
+    errors = []  # kept, as a caller holding the traceback would: its frames stay alive
+    for _ in range(20):
+        with pytest.raises(OSError) as error:
+            TemplateHandle(spec(tmp_path))
+        errors.append(error)
+    assert len(os.listdir("/proc/self/fd")) == before
