@@ -7,8 +7,8 @@ template processes behind it (:class:`CodeSources`), and the reload's state mach
     idle/failed --SIGHUP or a new reload_id--> loading --template ready--> rolling
                                                   |                           |
           import error, template exit, timeout    |  a queue's first new slot | no old
-                                                  v  dies before its hello    v slot left
-                                                failed <----------------------+  idle
+                                                  v  dies before its hello,   v slot left
+                                                failed <--- its template dies-+  idle
 
 * loading: a fresh template process (master/template.py) imports the app anew; the
   slots keep being forked from the current code meanwhile;
@@ -17,6 +17,10 @@ template processes behind it (:class:`CodeSources`), and the reload's state mach
   the previous template is ended and the reload took;
 * failed: the new code is dropped (its template ended); when it failed during rolling,
   forks go back to the previous code and the rollout replaces the new slots with it.
+
+A serving template that dies starts no reload: forks go back to the previous code while
+rolling (as an abort does), else to the master's own code, whose slots serve on beside
+the dead template's (``CodeSources.serving_died``).
 
 A new request while loading starts over with a fresh template (the newest code); while
 rolling, a new template is started and, once ready, replaces the rolling one (every slot

@@ -271,8 +271,12 @@ class TemplateHandle:
             master_end.close()  # (no process: nothing left open behind)
             raise
         finally:
-            template_end.close()
-        send_parts(master_end, spec.model_dump_json().encode())  # read first
+            template_end.close()  # (before sending: a template that dies is then seen)
+        try:
+            send_parts(master_end, spec.model_dump_json().encode())  # read first
+        except OSError:
+            master_end.close()  # it died at once (it is reaped as any other child)
+            raise
         master_end.setblocking(False)
         self.sock = master_end
         self._answer_parts = PartsReader()

@@ -270,3 +270,11 @@ def test_wake_in_is_never_negative_nor_longer_than_asked(
     moments: list[float | None], now: float, longest: float
 ) -> None:
     assert 0.0 <= wake_in(now, moments, longest) <= longest
+
+
+def test_a_stopped_slot_ended_by_sigterm_is_clean() -> None:
+    import signal
+
+    from qcluster.master.slots import STOPPED_CODES
+
+    assert -signal.SIGTERM in STOPPED_CODES  # (spelt -15 in the pure module)
