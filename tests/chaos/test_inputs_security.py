@@ -877,6 +877,14 @@ def _token_compares() -> tuple[list[str], list[str]]:
     return plain, constant_time
 
 
+def _form_routes(hostile: Hostile) -> list[str]:
+    """The admin page's token-guarded form posts (include_in_schema=False)."""
+    queue, host = hostile.queue, "hostile"
+    return [f"/queues/{queue}/requeue", f"/queues/{queue}/pause", f"/queues/{queue}/resume",
+            f"/hosts/{host}/drain", f"/hosts/{host}/undrain", f"/hosts/{host}/reload",
+            "/reload"]
+
+
 def test_s2_every_mutating_route_needs_the_token_which_is_never_logged(
     hostile: Hostile
 ) -> None:
@@ -903,11 +911,17 @@ def test_s2_every_mutating_route_needs_the_token_which_is_never_logged(
             refused[str(status)] = refused.get(str(status), 0) + 1
             if status not in (401, 403):
                 obeyed.append(f"{method} {path} with {name}: {status}")
-    # the form field of the admin page: only the right token
-    form = _http("POST", f"{hostile.manager}/queues/{hostile.queue}/requeue",
-                 data={"token": token[:-1] + "x"})
-    if form.status_code not in (401, 403):
-        obeyed.append(f"requeue form with a wrong token: {form.status_code}")
+    # the admin page's forms (not in the OpenAPI): only the right token, in the form's
+    # field or a Bearer header
+    form_refused: dict[str, int] = {}
+    for path in _form_routes(hostile):
+        for name, data, headers in (("no token", {}, {}),
+                                    ("wrong field", {"token": token[:-1] + "x"}, {}),
+                                    ("wrong bearer", {}, wrong["prefix"])):
+            status = _http("POST", hostile.manager + path, data=data, headers=headers).status_code
+            form_refused[str(status)] = form_refused.get(str(status), 0) + 1
+            if status not in (401, 403):
+                obeyed.append(f"form POST {path} with {name}: {status}")
     # with the token, the same routes are obeyed (pause and resume: no lasting change)
     good = {"Authorization": f"Bearer {token}"}
     paused = _http("POST", f"{hostile.manager}/api/v1/queues/{hostile.queue}/pause", headers=good)
@@ -929,6 +943,8 @@ def test_s2_every_mutating_route_needs_the_token_which_is_never_logged(
     emit(row("S2", "embedded", new_seed(), faults=sum(refused.values()),
              wall_s=round(time.monotonic() - started, 2),
              extra={"routes": len(routes), "refused_statuses": refused,
+                    "form_routes": len(_form_routes(hostile)),
+                    "form_refused_statuses": form_refused,
                     "master_other_methods": master_refused, "token_logged": logged,
                     "token_in_pages": shown, "constant_time_compares": constant_time,
                     "plain_token_compares": plain}))
