@@ -278,3 +278,33 @@ def test_a_sighup_while_the_master_imports_the_app_does_not_end_it(
     assert info["state"] == "idle" and info["generation"] == 0 and _failed(port) == 0
     [slot] = get_json(port, "/api/v1/slots")  # a slot the master forked has its name too
     assert Path(f"/proc/{slot['pid']}/comm").read_text() == "qc-slot\n"
+
+
+def test_a_killed_template_with_broken_code_on_disk_keeps_every_slot_replaced(
+    procs: Procs, redis_url: str, prefix: str, app_dir: Path
+) -> None:
+    """Review finding 1, as reproduced: the serving template is killed while the code on
+    disk is broken. It reloaded that code unprompted, failed, and kept forking from the
+    dead template: a slot killed next was never replaced (EPIPE every second)."""
+    port = start(procs, redis_url, prefix, slots=2)
+    master = procs.started[0]
+    write_app(app_dir, 2)
+    os.kill(master.pid, signal.SIGHUP)
+    wait_until(lambda: code(port)["state"] == "idle" and code(port)["generation"] == 1,
+               timeout_s=60, message="the reload took")
+    slots = {s["pid"] for s in get_json(port, "/api/v1/slots")}
+    [template] = descendants(master.pid) - slots
+    write_app(app_dir, 3, extra="def oops(:\n")
+    os.kill(template, signal.SIGKILL)
+    wait_until(lambda: "exited with code -9" in procs.log("master"), timeout_s=30,
+               message="the template's death seen")
+    victim = min(slots)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: victim not in {s["pid"] for s in get_json(port, "/api/v1/slots")}
+               and [s["state"] for s in get_json(port, "/api/v1/slots")] == ["idle", "idle"],
+               timeout_s=30, message="the killed slot replaced")
+    info = code(port)
+    assert info["generation"] == 0 and info["state"] == "idle" and _failed(port) == 0
+    assert "exited with code -9" in str(info["error"])
+    assert descendants(master.pid) == {s["pid"] for s in get_json(port, "/api/v1/slots")}
+    assert "did not fork a slot" not in procs.log("master")
