@@ -66,6 +66,16 @@ class Reloading:
         policy = QueuePolicy.model_validate({"batch_size": 3})
         self.template.answer = Ready(version=version, queues={Q: policy})
 
+    def rolling(self) -> list[int]:
+        """Start the slots, SIGHUP, the template answers ready: the rollout begins. Returns
+        the old slots' pids."""
+        old = started(self.h)
+        self.h.signal(signal.SIGHUP)
+        self.h.step()
+        self.ready()
+        self.h.step()
+        return old
+
     def code(self) -> Any:
         return self.h.sup.snapshot.code
 
@@ -202,11 +212,7 @@ def test_a_new_slot_that_cannot_start_aborts_and_old_code_serves_again(
     r: Reloading, code: int, reason: str
 ) -> None:
     h = r.h
-    old = started(h)
-    h.signal(signal.SIGHUP)
-    h.step()
-    r.ready()
-    h.step()
+    old = r.rolling()
     [new] = r.template.forked
     h.os.end(new, code << 8 if code > 0 else -code)
     h.step()
@@ -267,11 +273,7 @@ def test_a_sighup_while_rolling_rolls_on_to_the_newest_code(r: Reloading) -> Non
 
 def test_sigterm_during_a_reload_stops_everything(r: Reloading) -> None:
     h = r.h
-    pids = started(h)
-    h.signal(signal.SIGHUP)
-    h.step()
-    r.ready()
-    h.step()
+    pids = r.rolling()
     h.signal(signal.SIGTERM)
     h.step()
     assert r.template.ended
@@ -286,11 +288,7 @@ def test_the_report_carries_the_code_and_the_newest_policies(r: Reloading) -> No
     from qcluster.master.reporter import build_report
 
     h = r.h
-    started(h)
-    h.signal(signal.SIGHUP)
-    h.step()
-    r.ready()
-    h.step()
+    r.rolling()
     report = build_report(h.sup, 2.0, 1)
     assert report.code.version == "v2" and report.code.state == "rolling"
     assert report.queues[Q].batch_size == 3
@@ -320,11 +318,7 @@ def test_a_dead_serving_template_starts_no_reload_and_the_master_forks_again(
     was on disk; when that failed, every later fork went to the dead template (EPIPE) and
     a crashed slot was never replaced."""
     h = r.h
-    old = started(h)
-    h.signal(signal.SIGHUP)
-    h.step()
-    r.ready()
-    h.step()
+    old = r.rolling()
     roll_to_the_end(r, old)
     serving, survivors = r.template, h.live_pids()
     h.os.exits.append((serving.pid, 9))  # OOM-killed, or killed after a fork timeout
@@ -353,11 +347,7 @@ def test_a_serving_template_dead_mid_rollout_rolls_back(r: Reloading) -> None:
     """Finding 1, mid-rollout: forks go back to the previous code and the rollout
     replaces the new slots with it (it stuck at failed with old_slots=1 before)."""
     h = r.h
-    old = started(h)
-    h.signal(signal.SIGHUP)
-    h.step()
-    r.ready()
-    h.step()
+    old = r.rolling()
     [new] = r.template.forked
     h.hello(new)
     h.step()
@@ -404,11 +394,7 @@ def test_a_new_slot_that_dies_after_its_queue_booted_is_only_restarted(
     r: Reloading
 ) -> None:
     h = r.h
-    started(h)
-    h.signal(signal.SIGHUP)
-    h.step()
-    r.ready()
-    h.step()
+    r.rolling()
     [new] = r.template.forked
     h.hello(new)
     h.step()
@@ -419,11 +405,7 @@ def test_a_new_slot_that_dies_after_its_queue_booted_is_only_restarted(
 
 def test_a_new_slots_hello_retires_an_old_one_in_the_same_pass(r: Reloading) -> None:
     h = r.h
-    started(h)
-    h.signal(signal.SIGHUP)
-    h.step()
-    r.ready()
-    h.step()
+    r.rolling()
     [new] = r.template.forked
     h.step(0.2)  # no tick due: a pass that only reads messages decides nothing
     h.hello(new)
@@ -469,11 +451,7 @@ def test_pausing_a_queue_while_its_first_new_slot_boots_does_not_abort(
     was paused); SIGTERM's default action ends it (-15) before its handler is installed.
     That was a crash: restart counted, backoff, and the good reload aborted."""
     h = r.h
-    old = started(h)
-    h.signal(signal.SIGHUP)
-    h.step()
-    r.ready()
-    h.step()
+    old = r.rolling()
     [new] = r.template.forked
     h.sup.set_row({Q: 0})  # paused by the manager
     h.step()
