@@ -29,7 +29,15 @@ from qcluster.master.slots import (
     give_back,
     on_message,
 )
-from qcluster.messages import BatchDone, GiveBack, Progress, SlotHello, StopSlot, SwitchQueue
+from qcluster.messages import (
+    BatchDone,
+    GaveBack,
+    GiveBack,
+    Progress,
+    SlotHello,
+    StopSlot,
+    SwitchQueue,
+)
 
 #: Give-back parts kept while no live slot can take them (older ones are dropped: their
 #: jobs come back when their locks expire, as without a master).
@@ -144,6 +152,8 @@ class SlotPool:
                 self.backoff.on_booted(slot.queue)
                 self.give_backs.hand_over(self.slots.values())
                 self.on_hello(slot)
+            elif isinstance(message, GaveBack):
+                self.give_backs.settled(pid, message.ref)
 
     def ended(self, pid: int, code: int, now: float, *, master_stopping: bool) -> None:
         """A child ended: forget its slot, count its restart, start its queue's backoff."""
@@ -155,6 +165,7 @@ class SlotPool:
         del self.slots[slot.slot_no]
         reason = decode_exit(slot, code, master_stopping=master_stopping)
         ran_a_job = self.give_backs.keep(reason, self.channels.last_take(pid))
+        self.give_backs.unsettled(pid)  # what it was handed and did not settle: to another
         self.channels.forget(pid)
         metrics.mark_slot_dead(slot.slot_no)
         logger.info("slot %d (pid %d, %s) exited with %d%s", slot.slot_no, pid, slot.queue,
@@ -199,6 +210,12 @@ class GiveBacks:
     def __init__(self, channels: SlotChannels) -> None:
         self.channels = channels
         self.waiting: list[GiveBack] = []
+        self.handed: dict[int, list[GiveBack]] = {}
+        """Sent to a slot (by pid), kept until it answers GaveBack: if it dies first (a
+        crash among crashes), the part goes to another slot instead of to lock expiry,
+        which would charge every job in it. Settling a part twice changes nothing: each
+        job moves only while the dead slot's lock still holds it."""
+        self._refs = 0
 
     def keep(self, reason: RestartReason | None, last_take: GiveBack | None) -> bool:
         """A slot that died holding a take: keep what to settle for it, in parts that fit
@@ -206,8 +223,19 @@ class GiveBacks:
         order = give_back(reason, last_take)
         if order is None:
             return False
-        self.waiting = [*self.waiting, *_in_packets(order)][-MAX_PENDING_GIVE_BACKS:]
+        parts = []
+        for part in _in_packets(order):
+            self._refs += 1
+            parts.append(part.model_copy(update={"ref": self._refs}))
+        self.waiting = [*self.waiting, *parts][-MAX_PENDING_GIVE_BACKS:]
         return any(job[3] == Progress.RUNNING for job in order.jobs)
+
+    def settled(self, pid: int, ref: int) -> None:
+        self.handed[pid] = [part for part in self.handed.get(pid, []) if part.ref != ref]
+
+    def unsettled(self, pid: int) -> None:
+        """The slot ``pid`` ended: what it was handed and did not settle waits again."""
+        self.waiting = [*self.handed.pop(pid, []), *self.waiting][-MAX_PENDING_GIVE_BACKS:]
 
     def hand_over(self, slots: Iterable[SlotRecord]) -> None:
         """Send each waiting give-back to a live slot (idle first), which settles it on
@@ -223,7 +251,7 @@ class GiveBacks:
             logger.info("slot %d (pid %d) settles %d jobs a dead slot held on %s",
                         live[0].slot_no, live[0].pid, len(self.waiting[0].jobs),
                         self.waiting[0].queue)
-            self.waiting.pop(0)
+            self.handed.setdefault(live[0].pid, []).append(self.waiting.pop(0))
 
 
 #: What one GiveBack part may carry: its ids plus 48 bytes a job stay under this

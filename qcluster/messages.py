@@ -114,8 +114,17 @@ class Recycling(_Msg):
     limit_bytes: int
 
 
+class GaveBack(_Msg):
+    """The slot settled (or failed to settle) the master's GiveBack ``ref``: until this
+    comes, the master keeps it, and hands it to another slot if this one dies first."""
+
+    kind: Literal["gave_back"] = "gave_back"
+    ref: int
+
+
 SlotToMaster = Annotated[
-    SlotHello | Heartbeat | BatchStarted | BatchDone | Recycling, Field(discriminator="kind")
+    SlotHello | Heartbeat | BatchStarted | BatchDone | Recycling | GaveBack,
+    Field(discriminator="kind"),
 ]
 SLOT_TO_MASTER: TypeAdapter[SlotToMaster] = TypeAdapter(SlotToMaster)
 
@@ -142,6 +151,8 @@ class GiveBack(_Msg):
     receipt: int
     jobs: list[tuple[str, int, float, int]]
     """(id, attempts, activate_at, TakeProgress state)."""
+    ref: int = 0
+    """The master's number for this part, echoed in :class:`GaveBack`."""
 
 
 MasterToSlot = Annotated[SwitchQueue | StopSlot | GiveBack, Field(discriminator="kind")]

@@ -30,6 +30,7 @@ from qcluster.messages import (
     BatchCounters,
     BatchDone,
     BatchStarted,
+    GaveBack,
     GiveBack,
     Heartbeat,
     MasterToSlot,
@@ -398,6 +399,8 @@ class SlotRunner:
             logger.warning("slot %s: could not give back a dead slot's %d jobs of %s: %s",
                            self.slot_label, len(command.jobs), command.queue, exc)
             return
+        finally:
+            self._send(GaveBack(ref=command.ref))
         logger.info("slot %s: gave back a dead slot's jobs of %s: %d unstarted, %d "
                     "crashed, %d dead, %d acked, %d retried", self.slot_label, command.queue,
                     len(settlement.release), len(settlement.crashed), len(settlement.dead),

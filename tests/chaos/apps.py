@@ -25,7 +25,7 @@ same time on one broker never share a queue:
 | PREFIX-flow | batch | batch_size ``QC_CHAOS_BATCH`` (20), lock_timeout ``QC_CHAOS_LOCK_S`` (3 s) |
 | PREFIX-a, PREFIX-b | batch | batch_size 10, lock_timeout 3 s, est_job_seconds 0.01 |
 | PREFIX-delay | batch | batch_size 10, lock_timeout 1.5 s (rows delay far beyond it) |
-| PREFIX-poison | per job | batch_size 4, lock_timeout 2 s, max_attempts |
+| PREFIX-poison | per job | batch_size 4, lock_timeout 6 s (a restarted slot must boot within it to give back a dead one's jobs uncharged), max_attempts |
 |  |  | ``QC_CHAOS_MAX_ATTEMPTS`` (3), retry_base_delay ``QC_CHAOS_RETRY_BASE_S`` (1 s) |
 | PREFIX-hang | batch | batch_size 1, lock_timeout 3 s (batch_timeout 2 s), max_attempts 10 |
 | PREFIX-hog | batch | batch_size 1, private_dirty_limit_mb ``QC_CHAOS_HOG_LIMIT_MB`` (64) |
@@ -115,7 +115,7 @@ app.queue(name("flow"), batch_size=BATCH, lock_timeout=LOCK_S)(run_batch)
 app.queue(name("a"), batch_size=10, lock_timeout=3.0, est_job_seconds=0.01)(run_batch)
 app.queue(name("b"), batch_size=10, lock_timeout=3.0, est_job_seconds=0.01)(run_batch)
 app.queue(name("delay"), batch_size=10, lock_timeout=1.5)(run_batch)
-app.job_queue(name("poison"), batch_size=4, lock_timeout=2.0, max_attempts=MAX_ATTEMPTS,
+app.job_queue(name("poison"), batch_size=4, lock_timeout=6.0, max_attempts=MAX_ATTEMPTS,
               retry_base_delay=RETRY_BASE_S, retry_max_delay=60.0)(run_one)
 app.queue(name("hang"), batch_size=1, lock_timeout=3.0, batch_timeout=2.0,
           max_attempts=10)(run_batch)

@@ -44,3 +44,34 @@ def test_a_slot_dead_of_a_job_gives_its_take_back_and_restarts_after_the_base_de
             h.step()
         assert delays == [0.5, 0.5, 0.5]  # a crash of its own doubles it: 0.5, 1, 2
         assert h.restarts() == {(Q, "crash"): 3}
+
+
+def test_a_give_back_whose_slot_dies_before_settling_it_goes_to_the_next_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two crashing poison jobs, one per slot: the first dead slot's take was handed to the
+    second, which died of its own poison job before settling it. Before, that part was
+    dropped once sent, so its jobs waited for lock expiry, which charged the unstarted ones
+    (F14 on the embedded broker: an exit job's runs [2, 3], about 1 run in 5)."""
+    from qcluster.messages import GaveBack
+
+    for h in harness(monkeypatch, make_app(Q), {Q: 2}, heartbeat_timeout_s=10_000.0):
+        victim, survivor = started(h)
+        die_running_a_job(h, victim)
+        h.step()
+        assert h.received(survivor).count("give_back") == 1
+        die_running_a_job(h, survivor)  # no GaveBack: it died with the part unsettled
+        h.step()
+        while len(h.live_pids()) < 2:
+            h.step(0.25)
+        fresh = h.live_pids()
+        h.hello(*fresh)
+        h.step()
+        handed = [pid for pid in fresh for _ in range(h.received(pid).count("give_back"))]
+        assert len(handed) == 2  # the victim's part again, and the survivor's own
+        settler = handed[0]
+        settled = h.sup.pool.give_backs.handed[settler]
+        for part in settled:
+            h.say(settler, GaveBack(ref=part.ref))
+        h.step()
+        assert not h.sup.pool.give_backs.handed[settler]
