@@ -25,7 +25,7 @@ same time on one broker never share a queue:
 | PREFIX-flow | batch | batch_size ``QC_CHAOS_BATCH`` (20), lock_timeout ``QC_CHAOS_LOCK_S`` (3 s) |
 | PREFIX-a, PREFIX-b | batch | batch_size 10, lock_timeout 3 s, est_job_seconds 0.01 |
 | PREFIX-delay | batch | batch_size 10, lock_timeout 1.5 s (rows delay far beyond it) |
-| PREFIX-poison | per job | batch_size 4, lock_timeout 6 s (a restarted slot must boot within it to give back a dead one's jobs uncharged), max_attempts |
+| PREFIX-poison | per job | batch_size 4, lock_timeout 6 s (see F14), max_attempts |
 |  |  | ``QC_CHAOS_MAX_ATTEMPTS`` (3), retry_base_delay ``QC_CHAOS_RETRY_BASE_S`` (1 s) |
 | PREFIX-hang | batch | batch_size 1, lock_timeout 3 s (batch_timeout 2 s), max_attempts 10 |
 | PREFIX-hog | batch | batch_size 1, private_dirty_limit_mb ``QC_CHAOS_HOG_LIMIT_MB`` (64) |
