@@ -93,6 +93,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def reload_took(master_pid: int, port: int, message: str) -> None:
+    """SIGHUP the master and wait until its first reload took (generation 1, idle)."""
+    os.kill(master_pid, signal.SIGHUP)
+    wait_until(lambda: code(port)["state"] == "idle" and code(port)["generation"] == 1,
+               timeout_s=60, message=message)
+
+
 def code(port: int) -> dict[str, object]:
     return dict(get_json(port, "/api/v1/host")["code"])
 
@@ -205,9 +212,7 @@ def test_killed_master_during_a_reload_leaves_no_slot_and_no_template(
     port = start(procs, redis_url, prefix, slots=2)
     master = procs.started[0]
     write_app(app_dir, 2)
-    os.kill(master.pid, signal.SIGHUP)
-    wait_until(lambda: code(port)["state"] == "idle" and code(port)["generation"] == 1,
-               timeout_s=60, message="slots forked by a template")
+    reload_took(master.pid, port, "slots forked by a template")
     write_app(app_dir, 3, extra="time.sleep(60)  # a slow import: the reload stays loading\n")
     os.kill(master.pid, signal.SIGHUP)
     wait_until(lambda: code(port)["state"] == "loading", timeout_s=30, message="loading")
@@ -240,9 +245,7 @@ def test_slots_forked_by_a_template_share_its_imported_memory(
     port = start(procs, redis_url, prefix, slots=3)
     master = procs.started[0]
     write_app(app_dir, 2, extra=BALLAST)
-    os.kill(master.pid, signal.SIGHUP)
-    wait_until(lambda: code(port)["state"] == "idle" and code(port)["generation"] == 1,
-               timeout_s=60, message="the reload took")
+    reload_took(master.pid, port, "the reload took")
     slots = {s["pid"] for s in get_json(port, "/api/v1/slots")}
     wait_until(lambda: all(s["pss_bytes"] for s in get_json(port, "/api/v1/slots")
                            if s["pid"] in slots), timeout_s=10, message="slot PSS measured")
@@ -289,9 +292,7 @@ def test_a_killed_template_with_broken_code_on_disk_keeps_every_slot_replaced(
     port = start(procs, redis_url, prefix, slots=2)
     master = procs.started[0]
     write_app(app_dir, 2)
-    os.kill(master.pid, signal.SIGHUP)
-    wait_until(lambda: code(port)["state"] == "idle" and code(port)["generation"] == 1,
-               timeout_s=60, message="the reload took")
+    reload_took(master.pid, port, "the reload took")
     slots = {s["pid"] for s in get_json(port, "/api/v1/slots")}
     [template] = descendants(master.pid) - slots
     write_app(app_dir, 3, extra="def oops(:\n")
