@@ -14,6 +14,7 @@ from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
 
+from qcluster.failures import JobError
 from qcluster.job import Delivery
 from qcluster.policy import (
     DEFAULT_DEAD_MAX_AGE,
@@ -143,6 +144,9 @@ class Settlement:
     """Dead-lettered without running, each with its reason: the take that found it was
     not an attempt (a job taken more often than ``max_attempts`` because its slots died
     on it), so its dead letter counts only the attempts that ran."""
+    errors: dict[str, JobError] = field(default_factory=dict)
+    """The last error of postponed or dead-lettered jobs, by job id: stored with the job
+    (replacing any earlier one) so that lookups and dead letters show it."""
     retention: DeadRetention | None = None
     """The queue's dead-letter retention (the slot passes its policy's); None: the
     broker's own default (10,000 letters, 14 days)."""
