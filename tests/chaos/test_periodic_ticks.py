@@ -161,6 +161,7 @@ class Faults:
                 self.one()
 
 
+@pytest.mark.timeout(MINUTES * 60 + 600)  # the faults, then managers' starts and the drain
 @pytest.mark.parametrize("backend", ["redis", "rabbitmq"])
 def test_p1_periodic_ticks_exactly_once_through_faults(
         backend: str, request: pytest.FixtureRequest, chaos_seed: int, tmp_path: Path) -> None:
