@@ -181,7 +181,8 @@ def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None)
 
     settings = supervisor.settings
     health = BrokerHealth(settings.broker_url, settings.state_dir, supervisor.effects.fork_lock)
-    server = serve(listen, lambda: supervisor.snapshot, supervisor.host_name, health.status)
+    server = serve(listen, lambda: supervisor.snapshot, supervisor.host_name, health.status,
+                   token=settings.token)
     supervisor.extra_fds.append(server.socket.fileno())
     logger.info("master %s: http://%s/metrics, queues %s, version %s", supervisor.host_name,
                 listen, ", ".join(sorted(supervisor.app.queues)),
