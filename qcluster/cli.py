@@ -20,10 +20,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from qcluster.cli_support import (
+    BrokerInUse,
     BrokerOpt,
     ConfigOpt,
     err,
-    open_configured_broker,
+    open_existing_broker,
     out,
     settings_for,
     user_errors,
@@ -158,7 +159,7 @@ def stats(
 ) -> None:
     """Ready, locked, delayed and dead counts per queue."""
     settings = settings_for(config, broker_url=broker)
-    queue_broker = open_configured_broker(settings)
+    queue_broker = open_existing_broker(settings)
     with user_errors():
         names = [queue] if queue else sorted(queue_broker.queues())
         rows = {name: queue_broker.stats(name).model_dump() for name in names}
@@ -187,7 +188,7 @@ def dead(
 ) -> None:
     """Show the dead-letter jobs of a queue, or requeue them."""
     settings = settings_for(config, broker_url=broker)
-    queue_broker = open_configured_broker(settings)
+    queue_broker = open_existing_broker(settings)
     with user_errors():
         if requeue:
             moved = queue_broker.requeue_dead(queue)
@@ -198,6 +199,77 @@ def dead(
     for job in jobs:
         table.add_row(escape(job.id), str(job.attempts), escape(job.reason), escape(job.body[:80]))
     out.print(table)
+
+
+# --- the embedded broker's life ------------------------------------------------
+
+broker_cli = typer.Typer(
+    name="broker", no_args_is_help=True,
+    help="The embedded broker of a state directory: is it running, stop it. It starts with "
+         "the first qcluster process that needs it and stops with the last one of those.")
+cli.add_typer(broker_cli)
+
+
+@broker_cli.command("status")
+def broker_status(config: ConfigOpt = None, broker: BrokerOpt = None) -> None:
+    """Whether the broker runs (exit 0) or not (exit 5), and which processes use it."""
+    from qcluster.broker.embedded_life import server_pid, users
+
+    settings = settings_for(config, broker_url=broker)
+    queue_broker = open_existing_broker(settings)  # exit 5, one line, when it does not run
+    url = queue_broker.safe_url
+    queue_broker.close()
+    state_dir = _embedded_dir(settings)
+    if state_dir is None:
+        out.print(escape(f"{url}: answers"), highlight=False)
+        return
+    pids = users(state_dir)
+    out.print(escape(f"{url}: running (redis-server pid {server_pid(state_dir)}); used by "
+                     + (f"qcluster process(es) {', '.join(map(str, pids))}" if pids
+                        else "no qcluster process (qcluster broker stop stops it)")),
+              highlight=False)
+
+
+@broker_cli.command("stop")
+def broker_stop(
+    force: Annotated[bool, typer.Option(
+        "--force", help="Stop it even while qcluster processes use it")] = False,
+    config: ConfigOpt = None, broker: BrokerOpt = None,
+) -> None:
+    """Stop the embedded broker (it saves its data first). Exit 0 when none runs after it;
+    9 when qcluster processes still use it (stop them, or --force)."""
+    from qcluster.broker.embedded import stop_embedded
+    from qcluster.broker.embedded_life import running, users
+
+    settings = settings_for(config, broker_url=broker)
+    state_dir = _embedded_dir(settings)
+    with user_errors():
+        if state_dir is None:
+            raise EnvelopeError("qcluster broker stop stops the embedded broker only: this "
+                                "configuration names another broker (--broker / broker_url)")
+        if not running(state_dir):
+            out.print(escape(f"no embedded broker is running in {state_dir.resolve()}"),
+                      highlight=False)
+            return
+        pids = users(state_dir)
+        if pids and not force:
+            raise BrokerInUse(f"the embedded broker in {state_dir.resolve()} is used by "
+                              f"qcluster process(es) {', '.join(map(str, pids))}: stop them "
+                              "(it stops with the last one), or give --force")
+        stop_embedded(state_dir)
+    out.print(escape(f"stopped the embedded broker in {state_dir.resolve()}"), highlight=False)
+
+
+def _embedded_dir(settings: Settings) -> Path | None:
+    """The embedded broker's state directory, or None when another broker is configured."""
+    from qcluster.broker import EMBEDDED, EMBEDDED_MODULE, EMBEDDED_PREFIX, backend_module
+
+    url = (settings.broker_url or EMBEDDED).strip()
+    with user_errors():
+        if backend_module(url) != EMBEDDED_MODULE:
+            return None
+    path = url.removeprefix(EMBEDDED_PREFIX) if url != EMBEDDED else ""
+    return Path(path or settings.state_dir)
 
 
 # --- role commands, each defined by its role -------------------------------------
