@@ -79,10 +79,12 @@ def demo(
     ] = Path(".qcluster"),
 ) -> None:
     """A small cluster on the embedded broker with the admin UI, until Ctrl-C."""
-    from qcluster.broker.embedded import ensure_server, stop_embedded
+    from qcluster.broker.embedded import ensure_server
+    from qcluster.broker.embedded_life import hold, release
     from qcluster.client import Client
 
     state_dir = state_dir.resolve()
+    hold(state_dir)  # the demo is the broker's last user: it stops it on the way out
     ensure_server(state_dir)
     env = dict(os.environ, QCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=os.pathsep.join(
         [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
@@ -126,7 +128,7 @@ def demo(
                 time.sleep(max(0.0, TICK_S - (time.monotonic() - started - t)))
     finally:
         _stop_all(children)
-        stop_embedded(state_dir)
+        release(state_dir)
     out.print(f"demo stopped after enqueuing {sent:,} jobs")
     if recording.exists():
         out.print(f"the manager recorded this run in {recording}; replay it with\n"

@@ -17,6 +17,7 @@ from qcluster import metrics
 from qcluster.cli_support import (
     BrokerOpt,
     ConfigOpt,
+    UsageError,
     announce_broker,
     check_port_free,
     load_app_checked,
@@ -113,7 +114,7 @@ def master(
     setup_logging(log_level)
     with user_errors():
         if host_auto and slots is not None:
-            raise ConfigError("--host-auto and --slots: give one (--host-auto sizes the host "
+            raise UsageError("--host-auto and --slots: give one (--host-auto sizes the host "
                               "and runs what the manager plans; --slots is a fixed row)")
         settings = settings_for(config, broker_url=broker, app=app, manager_url=manager)
         supervisor, address, claim = _prepare(settings, slots, host_name, listen, metrics_on,

@@ -9,7 +9,9 @@ print one clear line and exit with the code of :mod:`qcluster.exitcodes`; no tra
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
@@ -23,7 +25,9 @@ from qcluster.cli_support import (
     BrokerInUse,
     BrokerOpt,
     ConfigOpt,
+    UsageError,
     err,
+    load_app_checked,
     open_existing_broker,
     out,
     settings_for,
@@ -72,10 +76,15 @@ def enqueue(
     file: Annotated[
         Path | None, typer.Option("--file", help="JSON Lines file, one payload per line")
     ] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Enqueue even to a queue the app does not declare")] = False,
     config: ConfigOpt = None,
     broker: BrokerOpt = None,
 ) -> None:
-    """Enqueue jobs: one payload (optionally --count times) or a --file of JSON lines."""
+    """Enqueue jobs: one payload (optionally --count times) or a --file of JSON lines.
+
+    With an app configured (--config / QCLUSTER_APP), a queue it does not declare is
+    refused (exit 2, the closest declared name suggested) unless --force."""
     from rich.progress import Progress
 
     from qcluster.client import Client
@@ -90,11 +99,11 @@ def enqueue(
             raise EnvelopeError("--count must be at least 1")
         check_queue_name(queue)
         check_delay(delay, what="--delay")
-        client = Client(settings.broker_url, state_dir=settings.state_dir,
-                        app=_declaring_app(settings))
-        if client.declares(queue) is False:
-            err.print(f"[yellow]warning:[/yellow] no queue of the app is named "
-                      f"{escape(repr(queue))}: no slot will run these jobs", highlight=False)
+        application = _declaring_app(settings)
+        _check_declared(application, queue, force)
+        # the client's own warning about an undeclared queue would repeat the one above
+        logging.getLogger("qcluster.client").setLevel(logging.ERROR)
+        client = Client(settings.broker_url, state_dir=settings.state_dir, app=application)
         if file is not None:
             total = _count_lines(file)
             items: Iterator[Any] = _read_jsonl(file)
@@ -125,14 +134,26 @@ def enqueue(
         err.print(escape(f"enqueued {done} job(s) to {queue!r}"), highlight=False)
 
 
+def _check_declared(application: Any, queue: str, force: bool) -> None:
+    """Refuse (UsageError) a queue the app does not declare, suggesting the closest name;
+    with --force, say it once and go on. No app: nothing to check against."""
+    if application is None or queue in application.queues:
+        return
+    close = difflib.get_close_matches(queue, sorted(application.queues), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    if not force:
+        raise UsageError(f"no queue of the app is named {queue!r}{hint}: no slot would run "
+                         "these jobs; --force enqueues them anyway")
+    err.print(escape(f"warning: no queue of the app is named {queue!r}{hint}: no slot will "
+                     "run these jobs until one declares it"), highlight=False)
+
+
 def _declaring_app(settings: Settings) -> Any:
     """The configured app (to check queue names and message sizes), or None."""
     if not settings.app:
         return None
-    from qcluster.app import load_app
-
     try:
-        return load_app(settings.app).with_overrides(settings.queues)
+        return load_app_checked(settings.app).with_overrides(settings.queues)
     except QClusterError as exc:
         err.print(f"[yellow]warning:[/yellow] cannot load the app to check the queue: "
                   f"{escape(str(exc))}", highlight=False)

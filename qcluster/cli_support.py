@@ -49,6 +49,10 @@ class AddressInUse(ConfigError):
     """A port this process must listen on is taken (exit ADDRESS_IN_USE)."""
 
 
+class UsageError(QClusterError):
+    """The command was given something it cannot do (exit USAGE)."""
+
+
 class BrokerInUse(QClusterError):
     """``qcluster broker stop`` refused: other qcluster processes use it (exit BROKER_IN_USE)."""
 
@@ -62,6 +66,7 @@ _EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (HandlerNotFound, exitcodes.BOOT_ERROR),
     (BrokerUnavailable, exitcodes.BROKER_CONNECT),
     (EnvelopeError, exitcodes.USAGE),
+    (UsageError, exitcodes.USAGE),
     (InvalidQueueName, exitcodes.USAGE),
     (InvalidDelay, exitcodes.USAGE),
     (QClusterError, exitcodes.FAILURE),
