@@ -25,6 +25,7 @@ from qcluster.cli_support import (
 from qcluster.cluster_identity import claim
 from qcluster.config import ManagerSettings, Settings
 from qcluster.errors import ConfigError
+from qcluster.local_token import LOCAL_TOKEN_NAME, ensure_local_token, token_path
 
 logger = logging.getLogger("qcluster.manager")
 
@@ -95,10 +96,13 @@ def manager(
         broker_conn = open_configured_broker(settings)
         identity = claim(broker_conn)
         recorder = recorder_for(settings.manager, started_at=time.time())
+        local = _local_token(settings, address.loopback)
         service = ManagerService(ClusterState(settings), broker_conn, settings.token,
-                                 recorder=recorder)
+                                 recorder=recorder,
+                                 tokens={LOCAL_TOKEN_NAME: local} if local else None)
         app = create_app(service, loopback=address.loopback)
         app.state.cluster = identity  # masters on another broker are refused (api_reports)
+        app.state.local_token_only = local is not None
     logger.info("manager on http://%s/ (admin UI), broker %s (cluster %s)", address,
                 broker_conn.safe_url, identity.id[:8] if identity else "unknown")
     # uvicorn re-raises the SIGTERM it caught once it has shut down: with the default
@@ -111,6 +115,18 @@ def manager(
     finally:
         service.stop()  # the lifespan stopped it already, unless the server never started
         broker_conn.close()
+
+
+def _local_token(settings: Settings, loopback: bool) -> str | None:
+    """The local token (written on the first start) when no token is configured and the
+    manager listens on loopback only; None otherwise."""
+    if settings.token or settings.tokens or not loopback:
+        return None
+    local = ensure_local_token(settings.state_dir)
+    logger.info("no token configured: controls take the local token in %s (qcluster pause, "
+                "drain, reload and qcluster login read it on this machine)",
+                token_path(settings.state_dir))
+    return local
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
