@@ -305,7 +305,7 @@ def ran(name: str, policy: QueuePolicy, slots: int, backlog: int, arrived: int,
 
 
 def test_idle_slots_drain_a_backlog_by_priority_and_never_past_capacity() -> None:
-    """Engineer L's chaos row L2: b's backlog of 59 slot-s got 1 slot (its 60 s drain)
+    """Chaos row L2: b's backlog of 59 slot-s got 1 slot (its 60 s drain)
     while 3 of the host's 4 slots sat idle. Slots no queue needs now go to backlogs, the
     higher priority first, within max_slots and one per batch waiting."""
     low, high = make_policy(priority=0, batch_size=10), make_policy(priority=5, batch_size=10)
