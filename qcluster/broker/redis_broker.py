@@ -322,7 +322,7 @@ class RedisBroker(Broker):
                 args += (job_id, body)
             reply = self._publishing("publish", keys, args)
             stored += (_text(job_id) for job_id in reply)
-        return stored
+        return list(dict.fromkeys(stored))
 
     def _registry(self, queue: str) -> str:
         return _registry_key(queue) if self.cluster else QUEUES_KEY
