@@ -23,16 +23,18 @@ def set_identity(host_name: str, code_generation: int = 0) -> None:
     host, generation = host_name or host, code_generation
 
 
-def set_title(role: str, detail: str = "") -> None:
+def set_title(role: str, detail: str = "", *, with_generation: bool = True) -> None:
     """``qcluster ROLE [DETAIL] (HOST, gen N)`` as this process's title (no-op when
-    setproctitle cannot be imported)."""
+    setproctitle cannot be imported). A master's title names no generation: it serves
+    several in turn."""
     try:
         from setproctitle import setproctitle
     except ImportError:  # pragma: no cover - a declared dependency
         return
     what = f"{role} {detail}" if detail else role
     comm = _comm()
-    setproctitle(f"qcluster {what} ({host}, gen {generation})")
+    gen = f", gen {generation}" if with_generation else ""
+    setproctitle(f"qcluster {what} ({host}{gen})")
     if comm:  # setproctitle renames /proc/PID/comm too: keep the short name (qc-slot)
         _set_comm(comm)
 

@@ -656,6 +656,17 @@ class _SlotMetrics:
         self._for(queue).dirty_child.set(value)
 
 
+def _drop_durability_note(record: logging.LogRecord) -> bool:
+    return record.funcName != "_warn_once"
+
+
+def _leave_durability_notes_to_the_master() -> None:
+    """The broker's durability notes ("no persistence: a restart loses every job") are
+    logged once by the master, not again by each slot it forks (a reload's template
+    forks from a process that never logged them)."""
+    logging.getLogger("qcluster.broker.redis_broker").addFilter(_drop_durability_note)
+
+
 def run_slot(
     app: App,
     queue: str,
@@ -673,6 +684,8 @@ def run_slot(
     """
     if slot_no is not None:
         metrics.use_slot_identity(slot_no)
+    if channel is not None:
+        _leave_durability_notes_to_the_master()
     try:
         broker = open_broker(broker_url, state_dir=state_dir)
     except BrokerError as exc:
