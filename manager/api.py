@@ -21,7 +21,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from qcluster.manager import api_cluster, api_controls, api_health, api_reload, api_reports
+from qcluster.manager import (
+    api_cluster,
+    api_controls,
+    api_health,
+    api_jobs,
+    api_reload,
+    api_reports,
+)
 from qcluster.manager.api_deps import NamePath
 from qcluster.manager.service import ManagerService
 from qcluster.security import MAX_BODY_BYTES, GuardMiddleware
@@ -30,7 +37,7 @@ __all__ = ["NamePath", "create_app"]
 
 #: In the order the routes were always matched and listed in the OpenAPI document.
 ROUTERS = (api_reports.router, api_cluster.router, api_controls.router, api_reload.router,
-           api_health.router)
+           api_health.router, api_jobs.router)
 
 
 def create_app(service: ManagerService, *, loopback: bool = True,
