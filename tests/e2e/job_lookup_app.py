@@ -10,8 +10,8 @@ from qcluster import App, Job
 
 PREFIX = os.environ.get("QC_TEST_PREFIX", "l")
 LOG_DIR = os.environ.get("QC_TEST_LOG_DIR", "/tmp")
-#: Retries come back 2 to 4 s later (backoff in [0.5, 1] of 4 s): long enough to be seen.
-RETRY = {"retry_base_delay": 4.0, "retry_max_delay": 4.0}
+#: Retries come back 1.5 to 3 s later (backoff in [0.5, 1] of 3 s): long enough to be seen.
+RETRY = {"retry_base_delay": 3.0, "retry_max_delay": 3.0}
 
 app = App("job-lookup")
 
