@@ -58,6 +58,7 @@ def build_report(sup: Supervisor, interval_s: float, generation: int,
         generation=generation,
         code=snap.code,
         cluster=cluster,
+        periodic=dict(sup.app.periodic_jobs),
     )
 
 
