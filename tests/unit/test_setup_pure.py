@@ -127,3 +127,16 @@ def test_the_local_token_is_written_once_for_this_user_alone(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="not this user's alone"):
         read_local_token(tmp_path / "state")
     assert read_local_token(tmp_path / "none") is None
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_meant() -> None:
+    from qcluster.cli_support import warn_misspelt_variables
+
+    said = warn_misspelt_variables({"QCLUSTER_BROKER": "redis://x", "QCLUSTER_TOKN": "t",
+                                    "QCLUSTER_REDIS_PASSWORD": "p", "QCLUSTER_TOKEN": "t",
+                                    "QCLUSTER_TEST_REDIS_URL": "u", "HOME": "/"})
+    assert said == [
+        "warning: QCLUSTER_BROKER is not a qcluster setting (did you mean QCLUSTER_BROKER_URL?):"
+        " it is ignored",
+        "warning: QCLUSTER_TOKN is not a qcluster setting (did you mean QCLUSTER_TOKEN?): it is"
+        " ignored"]
