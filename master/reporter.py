@@ -60,6 +60,7 @@ def build_report(sup: Supervisor, interval_s: float, generation: int,
         generation=generation,
         code=snap.code,
         cluster=cluster,
+        periodic=dict(sup.app.periodic_jobs),
     )
 
 
