@@ -26,7 +26,17 @@ from qcluster.admin_ui.source import (
     ControlSource,
     PeriodicSource,
 )
-from qcluster.admin_ui.views import age, history_charts, mib, sort_queues
+from qcluster.admin_ui.views import (
+    CELLS_SHOWN,
+    GRID_MAX_QUEUES,
+    age,
+    history_charts,
+    host_rows,
+    matching,
+    mib,
+    sort_queues,
+    state_counts,
+)
 from qcluster.broker.health import BrokerHealth
 from qcluster.controls import Control, utc_text
 from qcluster.errors import BrokerError, InvalidQueueName
@@ -38,6 +48,11 @@ HERE = Path(__file__).parent
 REFRESH_S = 3
 PAYLOAD_PREVIEW_CHARS = 160
 DEAD_JOBS_SHOWN = 50
+#: The overview's queue table shows this many rows in the chosen order (``?all=1``: every
+#: one): at 150 queues the whole table was most of the page's weight in the browser.
+QUEUES_SHOWN = 30
+#: The overview's newest decisions (the manager keeps more: /api/v1/cluster has them).
+DECISIONS_SHOWN = 50
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 #: What the overview says after a button did its work (``/?done=KIND&name=NAME``): fixed
@@ -57,14 +72,26 @@ def build_router(source: ClusterSource) -> APIRouter:
 
     @router.get("/", response_class=HTMLResponse)
     def overview(request: Request, sort: str = "priority", dir: str = "desc",
-                 done: str = "", name: str = "") -> Response:
+                 done: str = "", name: str = "", q: str = "", host: str = "",
+                 all: bool = False) -> Response:
         view = source.cluster_view()
-        queues = sort_queues(list(view.queues), sort, dir)
-        queue_names = sorted(q.name for q in view.queues)
+        all_names = sorted(queue.name for queue in view.queues)
+        queue_names = matching(all_names, q)
+        shown = set(queue_names)
+        queues = sort_queues([queue for queue in view.queues if queue.name in shown], sort, dir)
         controls = _controls(source)
         actions = isinstance(source, ActionSource)
+        drained = {c.name for c in controls if c.kind == "drain"}
+        rows = host_rows(list(view.hosts), drained)
+        hosts = set(matching([r.host.name for r in rows], host))
         return templates.TemplateResponse(request, "index.html", _context(
             request, view=view, queues=queues, queue_names=queue_names, sort=sort, dir=dir,
+            q=q, host=host, all_queues=len(all_names), matched=len(queues),
+            queues_shown=queues if all else queues[:QUEUES_SHOWN], show_all=all,
+            decisions=view.decisions[:DECISIONS_SHOWN],
+            rows=[r for r in rows if r.host.name in hosts],
+            host_states=state_counts(rows), grid=len(queue_names) <= GRID_MAX_QUEUES,
+            cells_shown=CELLS_SHOWN, grid_max=GRID_MAX_QUEUES,
             now=view.generated_at or time.time(), controls=controls,
             periodic=_periodic_jobs(source), broker=_broker_nodes(source),
             paused_by={c.name: c for c in controls if c.kind == "pause"},
@@ -88,6 +115,18 @@ def build_router(source: ClusterSource) -> APIRouter:
             decisions=[d for d in view.decisions if d.queue == name][:20],
             broker=_broker_nodes(source),
         ))
+
+    @router.get("/hosts/{name}", response_class=HTMLResponse)
+    def host_detail(request: Request, name: str) -> Response:
+        view = source.cluster_view()
+        drained = {c.name for c in _controls(source) if c.kind == "drain"}
+        row = next((r for r in host_rows(list(view.hosts), drained) if r.host.name == name),
+                   None)
+        if row is None:
+            return _message(request, "Unknown host", f"No host named {name!r} has reported.",
+                            404)
+        return templates.TemplateResponse(request, "host.html", _context(
+            request, row=row, now=view.generated_at or time.time()))
 
     @router.post("/queues/{name}/requeue", response_class=HTMLResponse)
     def requeue(request: Request, name: str, token: str = Form("")) -> Response:
