@@ -19,11 +19,14 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from qcluster.admin_ui.display import load_bar_percent, load_text
+from qcluster.admin_ui.job_routes import job_routes
+from qcluster.admin_ui.jobs_view import preview
 from qcluster.admin_ui.source import (
     ActionSource,
     BrokerNodesSource,
     ClusterSource,
     ControlSource,
+    JobSource,
     PeriodicSource,
 )
 from qcluster.admin_ui.views import (
@@ -40,6 +43,7 @@ from qcluster.admin_ui.views import (
 from qcluster.broker.health import BrokerHealth
 from qcluster.controls import Control, utc_text
 from qcluster.errors import BrokerError, InvalidQueueName
+from qcluster.jobs import payload_of
 from qcluster.names import check_queue_name
 from qcluster.periodic import PeriodicJobView
 from qcluster.security import bearer_token
@@ -109,7 +113,7 @@ def build_router(source: ClusterSource) -> APIRouter:
         return templates.TemplateResponse(request, "queue.html", _context(
             request, queue=queue, charts=history_charts(source.queue_history(name)),
             dead=source.dead_jobs(name, limit=DEAD_JOBS_SHOWN), dead_limit=DEAD_JOBS_SHOWN,
-            preview=PAYLOAD_PREVIEW_CHARS, requeued=requeued,
+            payload=_payload_preview, requeued=requeued,
             paused=next((c for c in _controls(source)
                          if c.kind == "pause" and c.name == name), None),
             decisions=[d for d in view.decisions if d.queue == name][:20],
@@ -148,6 +152,8 @@ def build_router(source: ClusterSource) -> APIRouter:
 
     if isinstance(source, ActionSource):
         _action_routes(router, source)
+    if isinstance(source, JobSource):
+        job_routes(router, source, templates, _context)
     return router
 
 
@@ -228,6 +234,11 @@ def _periodic_jobs(source: ClusterSource) -> list[PeriodicJobView]:
 
 def _broker_nodes(source: ClusterSource) -> BrokerHealth | None:
     return source.broker_nodes() if isinstance(source, BrokerNodesSource) else None
+
+
+def _payload_preview(body: str) -> str:
+    """A dead letter's payload on one line, out of its stored envelope."""
+    return preview(payload_of(body), PAYLOAD_PREVIEW_CHARS)
 
 
 def _utc(at: float) -> str:
