@@ -15,6 +15,7 @@ from typing import Any
 from qcluster.broker.base import Broker, DeadJob
 from qcluster.broker.health import BrokerHealth
 from qcluster.controls import UNNAMED_TOKEN, Control
+from qcluster.jobs import JobInfo, JobPage
 from qcluster.manager.broker_watch import BROKER_CHECK_INTERVAL_S
 from qcluster.manager.controls import ControlStore
 from qcluster.manager.periodic import PeriodicJobView
@@ -122,6 +123,27 @@ class ManagerService(RoundLoop):
     def requeue_dead(self, queue: str) -> int:
         with self.broker_lock:
             return self.broker.requeue_dead(queue)
+
+    # --- JobSource (admin_ui.source): the broker calls of the job routes (api_jobs) ---
+
+    def find_job(self, job_id: str) -> JobInfo | None:
+        from qcluster.manager.api_jobs import known_queues  # the route's queues to look in
+
+        queues = known_queues(self)
+        with self.broker_lock:
+            return self.broker.job(job_id, queues=queues)
+
+    def job_page(self, queue: str, state: str, offset: int, limit: int) -> JobPage:
+        with self.broker_lock:
+            return self.broker.job_page(queue, state, offset=offset, limit=limit)
+
+    def requeue_dead_jobs(self, queue: str, ids: list[str]) -> int:
+        with self.broker_lock:
+            return self.broker.requeue_dead(queue, ids)
+
+    def delete_dead_jobs(self, queue: str, ids: list[str]) -> int:
+        with self.broker_lock:
+            return self.broker.delete_dead(queue, ids)
 
     def check_token(self, token: str | None) -> bool:
         return self.token_name(token) is not None
