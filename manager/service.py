@@ -22,7 +22,7 @@ from qcluster.manager.recorder import Recorder
 from qcluster.manager.reload_driver import ReloadRefused
 from qcluster.manager.round_loop import STOP_WAIT_S, RoundLoop
 from qcluster.manager.state import ClusterState
-from qcluster.manager.views import cluster_view
+from qcluster.manager.views import QueueRows, cluster_view, queue_rows_key, queue_views
 from qcluster.messages import Assignment, ClusterView, HistoryPoint, HostReport
 
 __all__ = ["BROKER_CHECK_INTERVAL_S", "STOP_WAIT_S", "ManagerService", "ReloadRefused"]
@@ -43,6 +43,7 @@ class ManagerService(RoundLoop):
         """Token name -> secret: ``[tokens]`` and the unnamed ``token`` (named "token")."""
         if token:
             self.tokens[UNNAMED_TOKEN] = token
+        self.queue_rows = QueueRows()
 
     # --- commands: the routes' and the masters' ------------------------------------
 
@@ -95,9 +96,18 @@ class ManagerService(RoundLoop):
     # --- ClusterSource -------------------------------------------------------------
 
     def cluster_view(self) -> ClusterView:
+        """The view the API and the page show; its queue rows built once per round
+        (``manager.views.QueueRows``)."""
         with self.lock:
-            snapshot = self.state.snapshot(self.clock())
-        return cluster_view(snapshot)
+            now = self.clock()
+            key = queue_rows_key(self.state, now)
+            rows = self.queue_rows.held(key)
+            snapshot = self.state.snapshot(now, queues_too=rows is None)
+        if rows is None:
+            rows = queue_views(snapshot)
+            with self.lock:
+                self.queue_rows.keep(key, rows)
+        return cluster_view(snapshot, rows)
 
     def queue_history(self, queue: str) -> list[HistoryPoint]:
         with self.lock:

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import inspect
 import sys
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,6 +53,11 @@ class QueueSpec:
     workers take them), and an exception fails only its own job."""
 
 
+#: Every App of this process, so that a ``Client`` made without ``app=`` in a process that
+#: imported the app declares its queues as the app's policies say (qcluster.client).
+LIVE_APPS: weakref.WeakSet[App] = weakref.WeakSet()
+
+
 class App:
     """A set of queues and their handlers.
 
@@ -68,6 +74,7 @@ class App:
         self.queues: dict[str, QueueSpec] = {}
         self.periodic_jobs: dict[str, PeriodicSpec] = {}
         """``@app.periodic`` declarations by name; the manager enqueues their ticks."""
+        LIVE_APPS.add(self)
 
     def queue(self, name: str, **policy: Any) -> Callable[[BatchHandler], BatchHandler]:
         """Decorator binding a batch handler ``def handler(jobs: list[Job])`` (or

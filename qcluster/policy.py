@@ -19,6 +19,8 @@ MAX_SLOTS = 100_000
 MAX_DURATION_S = 7 * 86_400.0
 DEFAULT_LOCK_TIMEOUT = 60.0
 DEFAULT_BATCH_TIMEOUT = 30.0
+#: A queue's warm slot outlives its last job by this much (KEDA's cooldownPeriod default).
+DEFAULT_IDLE_S = 300.0
 #: The master kills a hung slot at its batch deadline; the kill takes time (the master's
 #: loop, the signal, a busy machine). A job's lock must outlast the deadline by this much,
 #: or a second slot could take the job while the first still runs it.
@@ -86,6 +88,10 @@ class QueuePolicy(BaseModel):
     """A slot whose Private_Dirty passes this recycles itself after its batch."""
     target_wait: float | None = Field(None, gt=0, le=MAX_DURATION_S)
     """Optional: seconds within which a backlog should drain (raises planned slots)."""
+    idle_s: float = Field(DEFAULT_IDLE_S, ge=0, le=MAX_DURATION_S)
+    """Seconds a queue that had work keeps one warm slot after its last job before it goes
+    to zero (its next job then waits for no fork); 0: released as soon as it is idle.
+    ``min_slots`` stays the floor."""
     est_job_seconds: float = Field(0.05, gt=0, le=MAX_DURATION_S)
     """Assumed job time before any job of the queue has been measured."""
     max_message_bytes: int = Field(1 << 20, ge=64, le=1 << 30)

@@ -28,15 +28,22 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import amqp
 
+from qcluster.broker.amqp_messages import ACTIVATE_HEADER
 from qcluster.broker.amqp_single import DocumentHeld, SingleDocumentQueue
+from qcluster.job import JSON_CONTENT_TYPE
 
 logger = logging.getLogger("qcluster.broker.kombu_broker")
 
 LOCK_QUEUE = "qc~periodic.lock"
+#: Followed by a periodic job's name: the queue of its receipts (see receipt_queue).
+RECEIPT_PREFIX = "qc~periodic.tick."
+#: An enqueued tick's message header naming its tick (read back from its receipt).
+TICK_HEADER = "x-qcluster-tick"
 LEDGER_QUEUE = "qc~periodic.ledger"
 #: A new holder that finds the existing ledger empty looks again this often, this long
 #: apart (another process may be peeking at the document for a round trip), then claims
@@ -64,24 +71,55 @@ class PeriodicLedger:
         """Monotonic time before which no claim looks at the ledger again (it was held
         elsewhere): a pass with many due ticks waits once, not once per tick."""
         self._warned_held = False
+        self._receipts: dict[str, int] = {}
+        """Each job's receipt as read or written under this hold of the lock."""
+        self._sent: tuple[str, int] | None = None
+        """The (job, tick) last published: a call that finds it recorded after a lost
+        confirm enqueued it."""
 
-    def claim(self, job: str, tick_ms: int) -> bool:
+    def enqueue(self, declare: Callable[[str], None], queue: str, job: str, tick_ms: int,
+                job_id: str, body: bytes) -> bool:
+        """``Broker.publish_tick``: one publish routed to ``queue`` and to the job's
+        receipt queue (``BCC``), so both hold the tick or neither does; then the ledger.
+        A call after a lost confirm (the broker's ``_retrying`` calls again on a new
+        connection) reads the receipt and publishes nothing more. ``declare`` declares
+        ``queue`` as its policies say."""
         if not self._hold():
-            return False
-        if tick_ms <= self._ticks.get(job, -1):
-            return False
+            return False  # another manager enqueues the periodic jobs
+        recorded = max(self._ticks.get(job, -1), self._receipt(job))
+        if tick_ms <= recorded:
+            if self._ticks.get(job, -1) < recorded:  # a receipt the ledger missed
+                self._write({**self._ticks, job: recorded})
+            sent, self._sent = self._sent == (job, tick_ms), None
+            return sent
+        declare(queue)
+        assert self._channel is not None
+        message = amqp.Message(
+            body, content_type=JSON_CONTENT_TYPE, delivery_mode=2, message_id=job_id,
+            application_headers={ACTIVATE_HEADER: time.time(), TICK_HEADER: tick_ms,
+                                 "BCC": [receipt_queue(job)]})
+        self._sent = (job, tick_ms)
+        # mandatory: a message routed nowhere raises (the receipt queue always takes it).
+        self._channel.basic_publish_confirm(message, exchange="", routing_key=queue,
+                                            mandatory=True,
+                                            confirm_timeout=self.ledger.confirm_timeout_s)
+        self._receipts[job] = tick_ms
         self._write({**self._ticks, job: tick_ms})
+        self._sent = None
         return True
 
-    def unclaim(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
-        if not self._hold() or self._ticks.get(job) != tick_ms:
-            return
-        ticks = dict(self._ticks)
-        if previous_ms is None:
-            ticks.pop(job, None)
-        else:
-            ticks[job] = previous_ms
-        self._write(ticks)
+    def _receipt(self, job: str) -> int:
+        """The job's last tick as its receipt queue holds it (-1: none), read once per
+        hold of the lock: only the holder reads it or publishes to it."""
+        if job not in self._receipts:
+            receipts = SingleDocumentQueue(self.conn, receipt_queue(job), 0)
+            channel, _ = receipts.open()
+            try:
+                held = receipts.hold(channel)
+            finally:
+                channel.close()  # unacked: given back
+            self._receipts[job] = max((_tick_of(message) for message in held), default=-1)
+        return self._receipts[job]
 
     def last_ticks(self) -> dict[str, int]:
         """The holder's record; anyone else reads the ledger (none when it does not exist)."""
@@ -105,6 +143,7 @@ class PeriodicLedger:
         if self._held_on is link and self._channel is not None and self._channel.is_open:
             return True
         self._held_on = self._channel = None
+        self._receipts.clear()
         if time.monotonic() < self._held_elsewhere_until:
             return False  # the ledger was held elsewhere a moment ago: not every claim waits
         probe = self.conn.channel()
@@ -143,6 +182,19 @@ class PeriodicLedger:
         assert self._channel is not None
         self.ledger.publish(self._channel, json.dumps(ticks, sort_keys=True).encode())
         self._ticks = ticks
+
+
+def receipt_queue(job: str) -> str:
+    """Periodic job ``job``'s receipt queue: its last enqueued tick's job (x-max-length 1)."""
+    return f"{RECEIPT_PREFIX}{job}"
+
+
+def _tick_of(message: Any) -> int:
+    headers = getattr(message, "headers", None) or {}
+    try:
+        return int(headers.get(TICK_HEADER, -1))
+    except (TypeError, ValueError):
+        return -1
 
 
 def _latest(messages: list[Any]) -> dict[str, int]:

@@ -176,15 +176,24 @@ class Broker(ABC):
     @abstractmethod
     def publish_many(
         self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
-    ) -> None:
+    ) -> list[str]:
         """Store ``(job_id, body)`` messages; none is given out before now + ``delay_s``.
+        Returns the ids stored as new jobs, each once, in the order given.
+
+        An id the queue holds already (ready, delayed, locked or dead) is left exactly as
+        it is, neither made ready again nor given a new body, so publishing a job again
+        (after an error, or ReplicationUnconfirmed) never hands it to a second slot
+        (Redis and the embedded broker). RabbitMQ cannot look a message up by id: every
+        message is stored and returned as new, and an id published twice is two jobs
+        (README, "Backend semantics").
 
         Returns only once the broker holds every message (Redis: the script ran;
         RabbitMQ: publisher confirms). Raises BrokerUnavailable after retries.
         """
 
-    def publish(self, queue: str, job_id: str, body: bytes, *, delay_s: float = 0.0) -> None:
-        self.publish_many(queue, [(job_id, body)], delay_s=delay_s)
+    def publish(self, queue: str, job_id: str, body: bytes, *, delay_s: float = 0.0) -> bool:
+        """True when ``job_id`` was stored as a new job (see :meth:`publish_many`)."""
+        return bool(self.publish_many(queue, [(job_id, body)], delay_s=delay_s))
 
     @abstractmethod
     def take(
@@ -270,17 +279,19 @@ class Broker(ABC):
 
     # --- periodic jobs (qcluster.periodic; the manager's ticker) ----------------------
 
-    def claim_tick(self, job: str, tick_ms: int) -> bool:
-        """Record ``tick_ms`` as periodic job ``job``'s last enqueued tick if it is later
-        than the recorded one, atomically: True for the one caller that does (it then
-        enqueues the tick), False for every other (an earlier or the same tick, or another
-        manager enqueues the periodic jobs). Raises BrokerError when the broker does not
-        answer."""
-        raise NotImplementedError(f"{type(self).__name__} cannot run periodic jobs")
+    def publish_tick(self, queue: str, job: str, tick_ms: int, job_id: str,
+                     body: bytes) -> bool:
+        """Enqueue periodic job ``job``'s tick ``tick_ms`` (the job ``job_id``, ``body``,
+        ready now) and record ``tick_ms`` as its last enqueued tick, as one step, unless
+        the record holds ``tick_ms`` or a later tick. True when this call enqueued it;
+        False when the record already held it (another manager, or an earlier call whose
+        reply was lost: the tick is enqueued either way).
 
-    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
-        """Undo this caller's claim of ``tick_ms`` (its enqueue failed): the record goes
-        back to ``previous_ms`` if it still holds ``tick_ms``."""
+        Calling it again after any error is safe: whatever happened to the first call (a
+        late reply, a reset, a retry, a failover), the tick is enqueued once. Raises
+        BrokerError when the broker does not answer (the tick may or may not be
+        enqueued: the record, read again, says), ReplicationUnconfirmed when it is
+        enqueued and recorded on a master that no replica confirmed in time."""
         raise NotImplementedError(f"{type(self).__name__} cannot run periodic jobs")
 
     def last_ticks(self) -> dict[str, int]:

@@ -325,11 +325,11 @@ class KombuBroker(Consuming):
 
     # --- periodic jobs (the lock and the ledger: qcluster.broker.amqp_periodic) ------
 
-    def claim_tick(self, job: str, tick_ms: int) -> bool:
-        return self._retrying(lambda: self._periodic.claim(job, tick_ms))
-
-    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
-        self._retrying(lambda: self._periodic.unclaim(job, tick_ms, previous_ms))
+    def publish_tick(self, queue: str, job: str, tick_ms: int, job_id: str,
+                     body: bytes) -> bool:
+        check_queue_name(queue)
+        return self._retrying(lambda: self._periodic.enqueue(
+            self._declare, queue, job, tick_ms, job_id, body))
 
     def last_ticks(self) -> dict[str, int]:
         return self._retrying(self._periodic.last_ticks)

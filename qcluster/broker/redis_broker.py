@@ -79,7 +79,8 @@ def _keys(queue: str) -> dict[str, str]:
     base = f"{KEY_PREFIX}:{{{queue}}}"
     return {
         name: f"{base}:{name}"
-        for name in ("ready", "locked", "jobs", "attempts", "dead", "reasons", "wake", "queues")
+        for name in ("ready", "locked", "jobs", "attempts", "dead", "reasons", "wake", "queues",
+                     "ticks")
     }
 
 
@@ -128,6 +129,7 @@ class RedisBroker(Broker):
             for name in ("take", "settle", "publish", "stats", "requeue_dead", "purge")
         }
         self._scripts["settle_take"] = client.register_script(_settle_take_script())
+        self._scripts["tick"] = client.register_script(_tick_script())
         self._durability_pending = False
         """check_durability could not reach the server: check before the next call."""
 
@@ -305,28 +307,40 @@ class RedisBroker(Broker):
 
     def publish_many(
         self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
-    ) -> None:
+    ) -> list[str]:
+        """Stores the messages whose ids the queue does not hold (publish.lua); returns
+        their ids. An id it holds (ready, delayed, locked or dead) is left as it is."""
         k = _keys(check_queue_name(queue))
-        registry = _registry_key(queue) if self.cluster else QUEUES_KEY
-        keys = [k["ready"], k["jobs"], registry, k["wake"]]
+        keys = [k["ready"], k["jobs"], self._registry(queue), k["wake"]]
         delay_ms = _delay_ms(delay_s)
+        stored: list[str] = []
         for start in range(0, len(messages), PUBLISH_CHUNK):
             args: list[Any] = [delay_ms, queue]
             for job_id, body in messages[start : start + PUBLISH_CHUNK]:
                 args += (job_id, body)
-            if self.replicas:
-                self._publish_replicated(keys, args)
-            else:
-                self._run("publish", keys, args)
+            reply = self._publishing("publish", keys, args)
+            stored += (_text(job_id) for job_id in reply)
+        return stored
 
-    def _publish_replicated(self, keys: list[str], args: list[Any]) -> None:
-        """The publish script, then ``WAIT`` on the same connection (WAIT counts the
-        replicas that have this connection's writes): the jobs survive a failover once
-        this returns. A pipeline sends both; redis-py replays the pair on a new
-        connection after a connection error (a replayed publish stores the same ids)."""
+    def _registry(self, queue: str) -> str:
+        return _registry_key(queue) if self.cluster else QUEUES_KEY
+
+    def _publishing(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        """A script that stores jobs, followed by ``WAIT`` when publishes wait for
+        replicas (see _publish_replicated); its reply."""
+        if self.replicas:
+            return self._publish_replicated(script, keys, args)
+        return self._run(script, keys, args)
+
+    def _publish_replicated(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """The publishing script ``name``, then ``WAIT`` on the same connection (WAIT
+        counts the replicas that have this connection's writes): the jobs survive a
+        failover once this returns. A pipeline sends both; redis-py replays the pair on a
+        new connection after a connection error (a replayed publish stores nothing more:
+        an id the queue holds is left as it is)."""
         if self._durability_pending:
             self._check_durability_late()
-        script = self._scripts["publish"]
+        script = self._scripts[name]
         with self._errors():
             for attempt in range(3):
                 server = self._server_for(keys[0])
@@ -334,7 +348,7 @@ class RedisBroker(Broker):
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
                 pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
                 try:
-                    acked = int(pipe.execute()[1])
+                    reply, acked = pipe.execute()
                     break
                 except redis.exceptions.NoScriptError:  # a new master: load it there
                     script.sha = server.script_load(script.script)
@@ -347,12 +361,13 @@ class RedisBroker(Broker):
                     time.sleep(0.5 * (attempt + 1))
             else:
                 raise BrokerError(f"Redis at {self.safe_url}: publish script not loaded")
-        if acked < self.replicas:
+        if int(acked) < self.replicas:
             raise ReplicationUnconfirmed(
                 f"Redis at {self.safe_url}: the jobs reached the master but only {acked} of "
                 f"{self.replicas} replica(s) within {self.replica_timeout_ms} ms, so a "
-                "failover could lose them; publish them again (a waiting job published "
-                "twice with the same id is kept once)")
+                "failover could lose them; publish them again (an id the queue still holds "
+                "is kept as it is, never stored twice)")
+        return reply
 
     def _server_for(self, key: str) -> redis.Redis:
         """The client whose connection reaches the master holding ``key``: ours, or on a
@@ -482,19 +497,22 @@ class RedisBroker(Broker):
 
     # --- periodic jobs ------------------------------------------------------------
 
-    def claim_tick(self, job: str, tick_ms: int) -> bool:
-        """One field per job in one hash (``PERIODIC_KEY``), moved forward by a script that
-        compares and sets: of managers claiming the same tick, one wins; an earlier tick
-        is refused however long ago its claim was (no TTL to outlive)."""
-        with self._errors():
-            return bool(self._periodic_script(_CLAIM_TICK_LUA)(
-                keys=[PERIODIC_KEY], args=[job, tick_ms]))
-
-    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
-        previous = -1 if previous_ms is None else previous_ms
-        with self._errors():
-            self._periodic_script(_UNCLAIM_TICK_LUA)(
-                keys=[PERIODIC_KEY], args=[job, tick_ms, previous])
+    def publish_tick(self, queue: str, job: str, tick_ms: int, job_id: str,
+                     body: bytes) -> bool:
+        """tick.lua: the job and the tick's record in the queue's hash slot, in one step;
+        on one Redis the periodic records (``PERIODIC_KEY``) in the same step, on a
+        Cluster (another hash slot) right after, raised only: a retry after a late reply
+        (RedisCluster retries timeouts) finds the tick recorded and stores nothing."""
+        k = _keys(check_queue_name(queue))
+        keys = [k["ready"], k["jobs"], self._registry(queue), k["wake"], k["ticks"]]
+        if not self.cluster:
+            keys.append(PERIODIC_KEY)
+        stored, recorded = self._publishing("tick", keys, [job, tick_ms, queue, job_id, body])
+        if self.cluster:
+            with self._errors():
+                self._periodic_script(_RAISE_TICK_LUA)(keys=[PERIODIC_KEY],
+                                                       args=[job, int(recorded)])
+        return bool(stored)
 
     def last_ticks(self) -> dict[str, int]:
         """Each job's recorded tick; a field that is not a whole number of ms (another
@@ -654,6 +672,12 @@ def _settle_take_script() -> str:
     )
 
 
+def _tick_script() -> str:
+    """tick.lua with publish.lua as its function ``publish`` (see tick.lua)."""
+    return ("local function publish(KEYS, ARGV)\n" + _load_script("publish") + "\nend\n"
+            + _load_script("tick"))
+
+
 def _deliveries(reply: list[Any]) -> list[Delivery]:
     """The take script's reply: now, lock_until, n_suspect, then (id, body, attempts,
     activate_ms) per job; a negative attempts marks a suspect job (see take.lua)."""
@@ -703,15 +727,10 @@ def _careful_deliveries(reply: list[Any]) -> list[Delivery]:
 
 #: Periodic jobs' last enqueued ticks, ``NAME`` -> ms since the epoch (one hash slot).
 PERIODIC_KEY = f"{KEY_PREFIX}:{{periodic}}:last"
-_CLAIM_TICK_LUA = """
-local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
+#: A Cluster's periodic records, raised after tick.lua ran in the queue's hash slot.
+_RAISE_TICK_LUA = """
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1') or -1
 if tonumber(ARGV[2]) <= last then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-_UNCLAIM_TICK_LUA = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-if tonumber(ARGV[3]) < 0 then redis.call('HDEL', KEYS[1], ARGV[1])
-else redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
 return 1
 """

@@ -138,6 +138,7 @@ def test_a_stale_embedded_socket_is_answered_with_one_attempt(
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(sock))
     stale.close()  # the file stays, nobody listens
+    sock.chmod(0o700)  # private, as the embedded server makes it
     attempts: list[int] = []
     connect = redis.connection.UnixDomainSocketConnection._connect
 
