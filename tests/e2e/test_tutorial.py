@@ -1,4 +1,7 @@
-"""docs/tutorial.md, run as written: every fenced block, in order, in a fresh directory.
+"""The docs' examples, run as written: docs/tutorial.md, the README's example application
+and the qcluster side of docs/coming-from-celery.md.
+
+The tutorial: every fenced block, in order, in a fresh directory.
 
 - ``sh`` blocks run in bash (``-e``: a failing command fails the test); a block whose first
   line is ``# a new terminal: keeps running`` is started in the background, as the reader
@@ -34,6 +37,7 @@ from typing import Any
 import pytest
 
 from qcluster import Client
+from qcluster.broker.embedded import stop_embedded
 from tests.brokers import BrokerUnavailable, PrivateRedis, free_port
 from tests.conftest import ROOT, wait_until
 
@@ -257,3 +261,102 @@ def test_the_tutorial_runs_as_written(redis: str, tmp_path: Path) -> None:
         ended = reader.stop()
     assert used == set(pending), f"steps the tutorial no longer has: {set(pending) - used}"
     assert ended == [0, 0, 0], f"manager, host-a, host-b after Ctrl-C: {ended}\n{reader.logs()}"
+
+
+def section(text: str, heading: str) -> str:
+    """The text under ``## heading``, up to the next ``## ``."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
+    """README, "An application in 20 lines": the app enqueues its job on the embedded broker
+    of its directory, a master with a fixed row runs it, Ctrl-C stops the master."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = tutorial_blocks(section(readme, "An application in 20 lines"))
+    [app] = [block for block in blocks if block.lang == "python"]
+    [shell] = [block for block in blocks if block.lang == "sh"]
+    assert len(app.text.splitlines()) <= 22, "the README's example stays about 20 lines"
+    (tmp_path / "shop.py").write_text(app.text)
+    commands = {line.split("#")[0].split()[0]: line.split("#")[0].strip()
+                for line in shell.text.splitlines()}
+    env = reader_env()
+    run = partial(subprocess.run, cwd=tmp_path, env=env, capture_output=True, text=True,
+                  timeout=COMMAND_TIMEOUT_S)
+    enqueued = run(["bash", "-c", commands["python"]])
+    assert enqueued.returncode == 0, enqueued.stderr
+    master = f"{commands['qcluster']} --listen 127.0.0.1:{free_port()}"
+    log = (tmp_path / "master.log").open("ab")
+    proc = subprocess.Popen(["bash", "-c", f"exec {master}"], cwd=tmp_path, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    outbox = tmp_path / "outbox.txt"
+    try:
+        wait_until(lambda: outbox.exists() and "to ada@example.com: Your order" in
+                   outbox.read_text(), timeout_s=120, message="the job done")
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            stop_embedded(tmp_path / ".qcluster")
+    assert proc.wait() == 0, (tmp_path / "master.log").read_text()
+    shown = run(["bash", "-c", commands["cat"]])
+    assert shown.stdout == "to ada@example.com: Your order\n"
+
+
+CELERY_STUBS = {
+    "mailer.py": "import pathlib\n\n\nclass Busy(Exception):\n    pass\n\n\n"
+                 "def send(to, subject):\n    if to.endswith('@busy.example'):\n"
+                 "        raise Busy(to)\n"
+                 "    with pathlib.Path('sent.txt').open('a') as sent:\n"
+                 "        sent.write(f'{to} {subject}\\n')\n",
+    "reports.py": "def build():\n    pass\n",
+}
+
+
+def test_the_celery_guide_qcluster_side_runs(tmp_path: Path) -> None:
+    """docs/coming-from-celery.md: its qcluster app imports (with stand-ins for the user's
+    mailer and reports modules), declares the queues and the periodic job it says, its
+    qcluster.toml is valid, and a slot runs a job to done and postpones a busy one."""
+    from qcluster.app import load_app
+    from qcluster.config import load_settings
+
+    blocks = tutorial_blocks((ROOT / "docs" / "coming-from-celery.md").read_text())
+    [jobs] = [b for b in blocks if b.lang == "python" and b.text.startswith("# jobs.py")]
+    [toml] = [b for b in blocks if b.lang == "toml"]
+    (tmp_path / "jobs.py").write_text(jobs.text)
+    for name, text in CELERY_STUBS.items():
+        (tmp_path / name).write_text(text)
+    config = tmp_path / "qcluster.toml"
+    config.write_text(toml.text.replace('"..."', '"a-strong-enough-token-9f3c2e1d7b"'))
+    settings = load_settings(config)
+    assert settings.app == "jobs" and settings.broker_url == "redis://127.0.0.1:6379/1"
+    config.unlink()  # the job below runs on the embedded broker of tmp_path, not that Redis
+    env = {**reader_env(), "PYTHONPATH": str(tmp_path)}
+    sys.path.insert(0, str(tmp_path))
+    try:
+        app = load_app("jobs")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("jobs", "mailer", "reports"):
+            sys.modules.pop(name, None)
+    assert set(app.queues) == {"send_email", "build_report"}
+    nightly = app.periodic_jobs["build_report"]
+    assert (nightly.queue, nightly.cron) == ("build_report", "0 3 * * *")
+    run = partial(subprocess.run, cwd=tmp_path, env=env, capture_output=True, text=True,
+                  timeout=COMMAND_TIMEOUT_S)
+    for to in ("ada@example.com", "bob@busy.example"):
+        payload = json.dumps({"to": to, "subject": "Your order"})
+        assert run(["qcluster", "enqueue", "send_email", payload]).returncode == 0
+    slot = run(["qcluster", "slot", "--app", "jobs", "--queue", "send_email", "--burst"])
+    assert slot.returncode == 0, slot.stdout + slot.stderr
+    assert (tmp_path / "sent.txt").read_text() == "ada@example.com Your order\n"
+    state_dir = tmp_path / ".qcluster"
+    try:
+        with Client(state_dir=state_dir) as client:
+            assert client.stats("send_email")["delayed"] == 1  # the busy one, in 30 s
+    finally:
+        stop_embedded(state_dir)
