@@ -21,7 +21,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from qcluster.manager import api_cluster, api_controls, api_health, api_reload, api_reports, login
+from qcluster.manager import (
+    api_cluster,
+    api_controls,
+    api_health,
+    api_jobs,
+    api_reload,
+    api_reports,
+    login,
+)
 from qcluster.manager.api_deps import NamePath
 from qcluster.manager.login import Logins, SessionMiddleware
 from qcluster.manager.service import ManagerService
@@ -31,7 +39,7 @@ __all__ = ["NamePath", "create_app"]
 
 #: In the order the routes were always matched and listed in the OpenAPI document.
 ROUTERS = (api_reports.router, api_cluster.router, api_controls.router, api_reload.router,
-           api_health.router, login.router)
+           api_health.router, login.router, api_jobs.router)
 
 
 def create_app(service: ManagerService, *, loopback: bool = True,

@@ -42,6 +42,7 @@ from qcluster.errors import (
     ReplicationUnconfirmed,
 )
 from qcluster.job import Envelope
+from qcluster.manager.learned_periodic import without_partial
 from qcluster.periodic import (
     PeriodicJobView,
     PeriodicSpec,
@@ -97,7 +98,9 @@ def app_for_periodic(settings: Settings) -> App | None:
 def ticker_for(settings: Settings, broker: Broker, broker_lock: threading.Lock,
                clock: Callable[[], float] = time.time) -> PeriodicTicker | None:
     """The manager's ticker, or None when no periodic job is declared."""
-    jobs = configured_jobs(settings, app_for_periodic(settings))
+    app = app_for_periodic(settings)
+    # without the app, a [periodic.NAME] changing its declaration waits for a master's report
+    jobs = configured_jobs(settings if app is not None else without_partial(settings), app)
     if not jobs:
         return None
     return PeriodicTicker(jobs, broker, broker_lock, clock)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from qcluster.broker import Broker, DeadJob, open_broker
 from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, check_delay, encode_new_jobs
+from qcluster.jobs import JobInfo
 from qcluster.names import check_queue_name
 
 if TYPE_CHECKING:
@@ -149,6 +150,17 @@ class Client:
 
     def requeue_dead(self, queue: str) -> int:
         return self.broker.requeue_dead(queue)
+
+    def job(self, job_id: str, *, queue: str | None = None) -> JobInfo:
+        """Where job ``job_id`` is and since when (state ``unknown`` when no queue
+        holds it, nor a record of it: finished jobs are remembered for their queue's
+        ``keep_finished_s``). ``queue``: look in that queue only."""
+        found = self.broker.job(job_id, queues=None if queue is None else [queue])
+        if found is None:
+            return JobInfo(id=job_id, queue=queue, state="unknown",
+                           note="no queue holds it (finished jobs are remembered for their "
+                                "queue's keep_finished_s only)")
+        return found
 
     def purge(self, queue: str) -> int:
         return self.broker.purge(queue)

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
+from qcluster.periodic import PeriodicSpec
 from qcluster.policy import QUEUE_NAME_PATTERN, QueuePolicy
 
 SCHEMA_VERSION = 1
@@ -252,6 +253,9 @@ class HostReport(_Msg):
     cluster: ClusterClaim | None = None
     """The broker the master works on (None: not read yet); the manager refuses a report
     from another broker than its own (409)."""
+    periodic: Annotated[dict[Name, PeriodicSpec], Field(max_length=MAX_QUEUES)] = {}
+    """The app's ``@app.periodic`` declarations: the manager runs them without importing
+    the app (manager/learned_periodic.py)."""
 
 
 class Assignment(_Msg):

@@ -20,6 +20,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from qcluster.broker import redis_jobs
 from qcluster.broker.base import (
     Broker,
     DeadJob,
@@ -35,8 +36,9 @@ from qcluster.errors import (
     ReplicationUnconfirmed,
 )
 from qcluster.job import JSON_CONTENT_TYPE, MAX_DELAY_S, Delivery
+from qcluster.jobs import JobInfo, JobPage
 from qcluster.names import check_queue_name
-from qcluster.policy import DEFAULT_DEAD_MAX_AGE, DEFAULT_DEAD_MAX_COUNT
+from qcluster.policy import DEFAULT_DEAD_MAX_AGE, DEFAULT_DEAD_MAX_COUNT, FINISHED_MAX_COUNT
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ def _keys(queue: str) -> dict[str, str]:
     return {
         name: f"{base}:{name}"
         for name in ("ready", "locked", "jobs", "attempts", "dead", "reasons", "wake", "queues",
-                     "ticks")
+                     "ticks", "errors", "finished")
     }
 
 
@@ -126,7 +128,8 @@ class RedisBroker(Broker):
         self._retention = DeadRetention(dead_max_count, dead_max_age_s)
         self._scripts = {
             name: client.register_script(_load_script(name))
-            for name in ("take", "settle", "publish", "stats", "requeue_dead", "purge")
+            for name in ("take", "settle", "publish", "stats", "requeue_dead", "purge", "job",
+                         "dead_ids")
         }
         self._scripts["settle_take"] = client.register_script(_settle_take_script())
         self._scripts["tick"] = client.register_script(_tick_script())
@@ -228,13 +231,15 @@ class RedisBroker(Broker):
         if not self.cluster:
             return [self.client]
         answering, self._unanswered = [], []
-        for node in cast(Any, self.client).get_primaries():
+        cluster = cast(Any, self.client)
+        for node in cluster.get_primaries():
+            server = cluster.get_redis_connection(node)
             try:
-                node.redis_connection.ping()
+                server.ping()
             except _CONNECTION_ERRORS:
                 self._unanswered.append(f"{node.host}:{node.port}")
                 continue
-            answering.append(node.redis_connection)
+            answering.append(server)
         if not answering:
             raise redis.ConnectionError(f"no master answers ({', '.join(self._unanswered)})")
         return answering
@@ -320,7 +325,7 @@ class RedisBroker(Broker):
                 args += (job_id, body)
             reply = self._publishing("publish", keys, args)
             stored += (_text(job_id) for job_id in reply)
-        return stored
+        return list(dict.fromkeys(stored))
 
     def _registry(self, queue: str) -> str:
         return _registry_key(queue) if self.cluster else QUEUES_KEY
@@ -378,7 +383,7 @@ class RedisBroker(Broker):
         if self._stale_slot_map:
             cluster.nodes_manager.initialize()
             self._stale_slot_map = False
-        return cast(redis.Redis, cluster.get_node_from_key(key).redis_connection)
+        return cast(redis.Redis, cluster.get_redis_connection(cluster.get_node_from_key(key)))
 
     # --- consuming ------------------------------------------------------------
 
@@ -454,37 +459,30 @@ class RedisBroker(Broker):
                            for key in keys})
 
     def dead_jobs(self, queue: str, *, limit: int = 100) -> list[DeadJob]:
-        k = _keys(queue)
         if limit <= 0:
             return []
-        with self._errors():
-            entries: list[tuple[bytes, float]] = self.client.zrevrange(  # type: ignore[assignment]
-                k["dead"], 0, limit - 1, withscores=True
-            )
-            if not entries:
-                return []
-            ids = [job_id for job_id, _ in entries]
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hmget(k["jobs"], ids)
-            pipe.hmget(k["reasons"], ids)
-            pipe.hmget(k["attempts"], ids)
-            bodies, reasons, attempts = pipe.execute()
-        return [
-            DeadJob(
-                id=job_id.decode("utf-8", "replace"), queue=queue,
-                body=(body or b"").decode("utf-8", "replace"),
-                reason=(reason or b"").decode("utf-8", "replace"),
-                attempts=abs(_int_or_zero(tries)), dead_at=score / 1000,
-            )
-            for (job_id, score), body, reason, tries in zip(
-                entries, bodies, reasons, attempts, strict=True
-            )
-        ]
+        return redis_jobs.dead_page(self, _keys, queue, offset=0, limit=limit)[1]
 
-    def requeue_dead(self, queue: str) -> int:
+    def dead_page(self, queue: str, *, offset: int = 0, limit: int = 50
+                  ) -> tuple[int, list[DeadJob]]:
+        return redis_jobs.dead_page(self, _keys, queue, offset=offset, limit=limit)
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        return redis_jobs.dead_by_ids(self, _keys, queue, "delete", ids)
+
+    def job(self, job_id: str, *, queues: Sequence[str] | None = None) -> JobInfo | None:
+        return redis_jobs.lookup(self, _keys, job_id, queues)
+
+    def job_page(self, queue: str, state: str, *, offset: int = 0, limit: int = 50,
+                 running: Sequence[JobInfo] = ()) -> JobPage:
+        return redis_jobs.job_page(self, _keys, queue, state, offset=offset, limit=limit)
+
+    def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        if ids is not None:
+            return redis_jobs.dead_by_ids(self, _keys, queue, "requeue", ids)
         k = _keys(queue)
         moved = self._run(
-            "requeue_dead", [k["ready"], k["attempts"], k["dead"], k["reasons"]], []
+            "requeue_dead", [k["ready"], k["attempts"], k["dead"], k["reasons"], k["errors"]], []
         )
         with self._errors():
             self.client.lpush(k["wake"], "1")
@@ -493,7 +491,8 @@ class RedisBroker(Broker):
 
     def purge(self, queue: str) -> int:
         k = _keys(queue)
-        return int(self._run("purge", [k["ready"], k["locked"], k["jobs"], k["attempts"]], []))
+        return int(self._run("purge", [k["ready"], k["locked"], k["jobs"], k["attempts"],
+                                       k["errors"]], []))
 
     # --- periodic jobs ------------------------------------------------------------
 
@@ -575,7 +574,8 @@ class RedisBroker(Broker):
             args += (_wire_id(delivery.id), delivery.receipt, str(reason))
         for delivery in settlement.release:
             args += (_wire_id(delivery.id), delivery.receipt, _activate_ms(delivery.activate_at))
-        if settlement.crashed or settlement.refused or settlement.ack_held:  # appended
+        tail = _tail_args(settlement, retention)
+        if settlement.crashed or settlement.refused or settlement.ack_held or tail:  # appended
             args.append(len(settlement.crashed))
             for delivery in settlement.crashed:
                 args += (_wire_id(delivery.id), delivery.receipt)
@@ -585,6 +585,7 @@ class RedisBroker(Broker):
             args.append(len(settlement.ack_held))
             for delivery in settlement.ack_held:
                 args += (_wire_id(delivery.id), delivery.receipt)
+            args += tail
         return args
 
 
@@ -622,7 +623,42 @@ def _warn_once(notes: list[str]) -> None:
 
 def _settle_keys(queue: str) -> list[str]:
     k = _keys(queue)
-    return [k["ready"], k["locked"], k["jobs"], k["attempts"], k["dead"], k["reasons"], k["wake"]]
+    return [k["ready"], k["locked"], k["jobs"], k["attempts"], k["dead"], k["reasons"], k["wake"],
+            k["errors"], k["finished"]]
+
+
+def _tail_args(settlement: Settlement, retention: DeadRetention) -> list[Any]:
+    """settle.lua's errors and finished sections; nothing at all (the arguments end
+    earlier) when no job failed and the queue keeps no finished records."""
+    finished = _finished_args(settlement.ack, retention)
+    errors = settlement.errors
+    if not errors and not finished:
+        return []
+    args: list[Any] = [len(errors)]
+    for job_id, error in errors.items():
+        args += (_wire_id(job_id), error.to_json())
+    return args + finished
+
+
+def _finished_args(acks: Sequence[Delivery], retention: DeadRetention) -> list[Any]:
+    """settle.lua's finished section: the acks' takes and attempts, run-length encoded
+    (one run for a batch of one take whose jobs never failed)."""
+    keep = retention.keep_finished_s
+    if keep <= 0 or not acks:
+        return []
+    runs: list[Any] = []
+    last: tuple[float, int] | None = None
+    count = 0
+    for delivery in acks:
+        key = (delivery.taken_at, delivery.attempts)
+        if key != last:
+            if last is not None:
+                runs += (round(last[0] * 1000), last[1], count)
+            last, count = key, 0
+        count += 1
+    assert last is not None
+    runs += (round(last[0] * 1000), last[1], count)
+    return [round(keep * 1000), FINISHED_MAX_COUNT // 8, len(runs) // 3, *runs]
 
 
 def _wire_id(job_id: str) -> bytes:
