@@ -334,7 +334,7 @@ def test_the_celery_guide_qcluster_side_runs(tmp_path: Path) -> None:
     config = tmp_path / "qcluster.toml"
     config.write_text(toml.text.replace('"..."', '"a-strong-enough-token-9f3c2e1d7b"'))
     settings = load_settings(config)
-    assert settings.app == "jobs" and settings.broker_url == "redis://127.0.0.1:6379/1"
+    assert settings.app == "jobs" and settings.broker_url == "redis://:PASSWORD@redis-host:6379/1"
     config.unlink()  # the job below runs on the embedded broker of tmp_path, not that Redis
     env = {**reader_env(), "PYTHONPATH": str(tmp_path)}
     sys.path.insert(0, str(tmp_path))
