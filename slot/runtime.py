@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from qcluster import exitcodes, metrics
+from qcluster import exitcodes, metrics, otel
 from qcluster.app import App, QueueSpec
 from qcluster.broker import Broker, Settlement, open_broker
 from qcluster.channel import Channel
@@ -320,7 +320,12 @@ class SlotRunner:
         jobs, rejected, malformed = self._decode(deliveries)
         if first >= 0 and jobs:
             jobs = self._mark_running(jobs, deliveries, first)
-        busy_s = self._run_handler(jobs) if jobs else 0.0
+        if not jobs:
+            busy_s = 0.0
+        elif otel.ENABLED:  # opentelemetry-api installed: a span per batch and per job
+            busy_s = otel.run_traced(self.queue, jobs, lambda: self._run_handler(jobs))
+        else:
+            busy_s = self._run_handler(jobs)
         # Prefetch only for handlers that finish fast: slow jobs are better spread
         # over every slot of the queue than queued behind each other in one.
         self._fast_batches = busy_s < PREFETCH_FAST_BATCH_S
