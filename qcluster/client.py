@@ -83,7 +83,7 @@ class Client:
         """
         check_queue_name(queue)
         delay = check_delay(delay)
-        if otel.ENABLED:  # opentelemetry-api installed: the trace context goes with the jobs
+        if otel.ENABLED and otel.active():  # traced: the trace context goes with the jobs
             with otel.enqueue_span(queue, headers) as traced:
                 return self._publish(queue, payloads, delay, traced)
         return self._publish(queue, payloads, delay, headers)

@@ -122,8 +122,16 @@ class GaveBack(_Msg):
     ref: int
 
 
+class SlotRefused(_Msg):
+    """The broker refused what the slot's queue needs, for good: the slot exits with
+    exitcodes.BROKER_REFUSED and the master marks the queue fatal with ``reason``."""
+
+    kind: Literal["refused"] = "refused"
+    reason: Annotated[str, Field(max_length=1000)]
+
+
 SlotToMaster = Annotated[
-    SlotHello | Heartbeat | BatchStarted | BatchDone | Recycling | GaveBack,
+    SlotHello | Heartbeat | BatchStarted | BatchDone | Recycling | GaveBack | SlotRefused,
     Field(discriminator="kind"),
 ]
 SLOT_TO_MASTER: TypeAdapter[SlotToMaster] = TypeAdapter(SlotToMaster)

@@ -29,8 +29,30 @@ except ImportError:  # the extra is not installed: tracing costs nothing
 from qcluster.job import Job
 
 ENABLED = trace is not None
-"""opentelemetry-api is importable: producers and slots trace."""
+"""opentelemetry-api is importable: producers and slots may trace (see :func:`active`)."""
 TRACER_NAME = "qcluster"
+#: Calls between two looks at the global tracer provider while none is set.
+RECHECK_EVERY = 1024
+
+_active = False
+_until_recheck = 0
+
+
+def active() -> bool:
+    """A tracer provider is set (an SDK's, or an auto-instrumentation's): spans go
+    somewhere. Until then nothing is traced: with the API alone every span would be a
+    no-op that still costs a slot a third more CPU per job. The provider is looked up
+    again every RECHECK_EVERY calls while none is set; once one is, it stays."""
+    global _active, _until_recheck
+    if _active:
+        return True
+    if _until_recheck > 0:
+        _until_recheck -= 1
+        return False
+    _until_recheck = RECHECK_EVERY
+    provider = trace.get_tracer_provider()
+    _active = not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    return _active
 
 
 @contextmanager
