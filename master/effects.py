@@ -26,7 +26,7 @@ from qcluster.errors import AppImportError, BrokerError, ConfigError, HandlerNot
 from qcluster.messages import GiveBack, MasterToSlot, SlotToMaster
 
 if TYPE_CHECKING:
-    from qcluster.master.template import Template
+    from qcluster.master.template import Template, Tend
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +173,8 @@ class ProcessEffects:
         self.fork_lock = threading.Lock()
         """Held by whoever opens a short-lived socket in another thread (the /healthz
         broker check): a fork meanwhile would leave a copy of it open in the slot."""
+        self.tend: Tend | None = None
+        """What runs while a reload template forks (the supervisor's due kills)."""
 
     def install_signals(self) -> None:
         signal.set_wakeup_fd(self.channels.wakeup_fd(), warn_on_full_buffer=False)
@@ -222,7 +224,7 @@ class ProcessEffects:
             master_end.progress = None  # no memfd to pass: this slot's take is not followed
         try:
             pid = template.fork_slot(queue, slot_no, slot_end.fileno(),
-                                     progress.fd if progress else None)
+                                     progress.fd if progress else None, tend=self.tend)
         finally:
             slot_end.close()
         if pid is None:

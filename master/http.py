@@ -4,6 +4,8 @@ The stdlib server in one daemon thread, not uvicorn: the master forks slots all 
 time, and a thread that only blocks in accept() and writes to its own socket is the
 least that can be inherited by a fork in a bad state. Read-only (other methods: 405);
 binds 127.0.0.1 by default, and then answers only loopback Host headers (DNS rebinding).
+Bound off loopback (where a token is required at start), every route but /healthz (the
+liveness probe) answers 401 without ``Authorization: Bearer TOKEN``.
 
 Limits (slow loris): a connection has HEADER_TIMEOUT_S to send a complete request line +
 headers, however slowly the bytes trickle in (it answers HTTP/1.0 and closes after each
@@ -17,6 +19,7 @@ import glob
 import io
 import json
 import os
+import secrets
 import socket
 import threading
 import time
@@ -29,7 +32,7 @@ from qcluster.master.reload import RELOAD_RESULTS
 from qcluster.master.slots import RESTART_REASONS
 from qcluster.master.snapshot import Snapshot
 from qcluster.metrics import MASTER_METRICS_HELP
-from qcluster.security import ListenAddress, host_header_is_loopback
+from qcluster.security import ListenAddress, bearer_token, host_header_is_loopback
 
 Getter = Callable[[], Snapshot]
 
@@ -128,13 +131,15 @@ def _settled_files_collector(registry: Any) -> None:
     empty raised ``struct.error``, so the scrape got no response at all."""
     from prometheus_client.multiprocess import MultiProcessCollector
 
+    directory = os.environ[metrics.ENV_DIR]  # (set: multiprocess_enabled)
+
     class SettledFiles(MultiProcessCollector):
         def collect(self) -> Any:
-            files = [path for path in glob.glob(os.path.join(self._path, "*.db"))
+            files = [path for path in glob.glob(os.path.join(directory, "*.db"))
                      if _size(path) > 0]
             return self.merge(files, accumulate=True)
 
-    SettledFiles(registry)
+    SettledFiles(registry, path=directory)
 
 
 def _size(path: str) -> int:
@@ -189,6 +194,8 @@ class _Handler(BaseHTTPRequestHandler):
     registry: Any
     host: str
     loopback: bool
+    token: str | None = None
+    """Required off loopback (every route but /healthz)."""
     timeout = HEADER_TIMEOUT_S
     head_timeout_s: float = HEADER_TIMEOUT_S
     head_deadline: float | None = None
@@ -216,6 +223,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({"detail": "invalid host header"}, 400)
             return
         path = self.path.split("?")[0]
+        if path != "/healthz" and not self._authorized():
+            self._json({"detail": "a valid token is required (Authorization: Bearer ...)"},
+                       401)
+            return
         if path == "/metrics":
             self._reply(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
@@ -226,6 +237,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(host_json(self.snapshot()))
         else:
             self._json({"detail": "not found"}, 404)
+
+    def _authorized(self) -> bool:
+        """Loopback: anyone on this machine may read. Off loopback: the token's holders."""
+        if self.loopback:
+            return True
+        given = bearer_token(self.headers.get("Authorization"))
+        return (self.token is not None and given is not None
+                and secrets.compare_digest(given.encode(), self.token.encode()))
 
     def _read_only(self) -> None:
         self.send_response(405)
@@ -254,14 +273,16 @@ class _Handler(BaseHTTPRequestHandler):
 def serve(listen: ListenAddress, snapshot: Getter, host: str,
           health: Callable[[], dict[str, str]] | None = None, *,
           head_timeout_s: float = HEADER_TIMEOUT_S,
-          max_connections: int = MAX_CONNECTIONS) -> ThreadingHTTPServer:
+          max_connections: int = MAX_CONNECTIONS,
+          token: str | None = None) -> ThreadingHTTPServer:
     """Start the endpoint in a daemon thread; returns the server (its socket for the fork).
     ``health``: what /healthz says besides the host (default: ``{"status": "ok"}``).
+    ``token``: what a request off loopback must bear (none: only /healthz answers there).
     ``head_timeout_s`` and ``max_connections``: the limits (tests shorten them)."""
     handler = type("Handler", (_Handler,), {
         "snapshot": staticmethod(snapshot), "registry": build_registry(snapshot, host),
         "health": staticmethod(health or (lambda: {"status": "ok"})),
-        "host": host, "loopback": listen.loopback,
+        "host": host, "loopback": listen.loopback, "token": token,
         "head_timeout_s": head_timeout_s, "timeout": max(head_timeout_s, HEADER_TIMEOUT_S),
     })
     server_class = _IPv6Server if ":" in listen.host else _BoundedServer

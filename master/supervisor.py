@@ -134,6 +134,7 @@ class Supervisor:
         self.counters = MasterCounters()
         self.effects = effects or ProcessEffects()
         self.extra_fds = self.effects.extra_fds
+        self.effects.tend = self._tend
         self.pool = SlotPool(self.effects, self.counters, self._slot_main, lambda: time.time())
         self.probe = HostProbe(capacity_limits(settings))
         self.watch_limits = WatchLimits(settings.master.heartbeat_timeout_s,
@@ -241,6 +242,16 @@ class Supervisor:
     # --- decide and act --------------------------------------------------------
 
     def _decide_and_act(self, now: float) -> None:
+        self._kill_due(now)
+        if not self.stopping:
+            self._reconcile(now)
+        self.publish(now)
+        self._due_at = min(m for m in (now + TICK_S, self.pool.backoff.next_fork_at(now),
+                                       self.stop.next_at(now)) if m is not None)
+
+    def _kill_due(self, now: float) -> None:
+        """SIGKILL the slots past their batch deadline or far over their memory, and every
+        slot once a stop's grace time is over."""
         policies = self.reload.code.policies()
         for slot in list(self.pool.slots.values()):
             limit_mb = policies.get(slot.queue, DEFAULT_POLICY).private_dirty_limit_mb
@@ -248,11 +259,14 @@ class Supervisor:
             if (reason := verdict(slot, now, self.watch_limits, kill_bytes)) is not None:
                 self.pool.kill(slot, reason)
         self.stop.kill_if_late(now)
-        if not self.stopping:
-            self._reconcile(now)
-        self.publish(now)
-        self._due_at = min(m for m in (now + TICK_S, self.pool.backoff.next_fork_at(now),
-                                       self.stop.next_at(now)) if m is not None)
+
+    def _tend(self) -> float | None:
+        """While a reload template forks a slot (effects.tend): the kills due by now, so a
+        stalled template delays none; returns when the next one is due."""
+        now = time.monotonic()
+        self._kill_due(now)
+        moments = (next_deadline(self.pool.slots.values()), self.stop.next_at(now))
+        return min((m for m in moments if m is not None), default=None)
 
     def _reconcile(self, now: float) -> None:
         fatal = self.pool.backoff.fatal

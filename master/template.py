@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal, Protocol
 
@@ -55,6 +56,11 @@ EXITED_EARLY = "the template exited before it answered"
 #: How long a slot waits to be reparented to the master after the middle child exits
 #: (microseconds in practice: the kernel reparents as the middle child exits).
 REPARENT_TIMEOUT_S = 5.0
+#: Seconds a template has to fork a slot and answer; then it is killed (and replaced).
+FORK_TIMEOUT_S = 5.0
+Tend = Callable[[], float | None]
+"""What the master's loop must not put off while it waits for a template (kill the slots
+past their batch deadline); returns when it is due again (monotonic; None: nothing due)."""
 
 
 class TemplateSpec(BaseModel):
@@ -257,14 +263,15 @@ class Template(Protocol):
     def poll(self) -> Ready | Failed | None: ...
 
     def fork_slot(self, queue: str, slot_no: int, channel_fd: int,
-                  progress_fd: int | None) -> int | None: ...
+                  progress_fd: int | None, *, tend: Tend | None = None) -> int | None: ...
 
     def end(self) -> None: ...
 
 
 class TemplateHandle:
     """The master's end of one template process: spawn it, read its answer without
-    blocking the loop, ask it for slots (a short synchronous exchange), end it."""
+    blocking the loop, ask it for slots (a short synchronous exchange, during which what
+    the loop must not put off still runs: ``tend``), end it."""
 
     def __init__(self, spec: TemplateSpec) -> None:
         master_end, template_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -313,16 +320,17 @@ class TemplateHandle:
         return self.answer
 
     def fork_slot(self, queue: str, slot_no: int, channel_fd: int, progress_fd: int | None,
-                  timeout_s: float = 5.0) -> int | None:
+                  *, tend: Tend | None = None, timeout_s: float = FORK_TIMEOUT_S) -> int | None:
         """The new slot's pid (the template forked it; it is the master's child), or None
-        when the template did not answer within ``timeout_s``."""
+        when the template did not answer within ``timeout_s``. ``tend`` runs whenever it
+        is due meanwhile: a stalled template (stopped, swapping) delays no hung slot's kill."""
         if self.ended:
             return None
         try:
             self.sock.settimeout(timeout_s)
             fds = [channel_fd] if progress_fd is None else [channel_fd, progress_fd]
             send_with_fds(self.sock, ForkSlot(queue=queue, slot_no=slot_no), fds)
-            packet = self.sock.recv(MAX_PACKET_BYTES)
+            packet = self._reply(time.monotonic() + timeout_s, tend)
             reply = REPLY.validate_json(packet) if packet else None
         except (OSError, ValueError) as exc:
             # A template that cannot fork in time is of no use: it is killed, and the
@@ -337,6 +345,19 @@ class TemplateHandle:
             with contextlib.suppress(OSError):
                 self.sock.setblocking(False)
         return reply.pid or None if isinstance(reply, Forked) else None
+
+    def _reply(self, deadline: float, tend: Tend | None) -> bytes:
+        """The template's next packet, by ``deadline`` (TimeoutError), waiting in steps
+        that end when ``tend`` is due."""
+        while True:
+            due = tend() if tend is not None else None
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"no answer within {FORK_TIMEOUT_S:g} s")
+            wait = deadline - now if due is None else min(deadline, due) - now
+            self.sock.settimeout(max(wait, 0.001))
+            with contextlib.suppress(TimeoutError):
+                return self.sock.recv(MAX_PACKET_BYTES)
 
     def end(self) -> None:
         """SIGKILL it (it holds nothing: its slots are the master's children)."""

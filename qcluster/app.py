@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import inspect
 import sys
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -53,6 +54,11 @@ class QueueSpec:
     workers take them), and an exception fails only its own job."""
 
 
+#: Every App of this process, so that a ``Client`` made without ``app=`` in a process that
+#: imported the app declares its queues as the app's policies say (qcluster.client).
+LIVE_APPS: weakref.WeakSet[App] = weakref.WeakSet()
+
+
 class App:
     """A set of queues and their handlers.
 
@@ -71,6 +77,7 @@ class App:
         """``@app.periodic`` declarations by name; the manager enqueues their ticks."""
         self.failure_hooks: list[HookSpec] = []
         """``@app.on_failure`` hooks, called in order (qcluster.hooks)."""
+        LIVE_APPS.add(self)
 
     def on_failure(self, hook: FailureHook | None = None, *,
                    timeout: float = DEFAULT_HOOK_TIMEOUT_S) -> Any:

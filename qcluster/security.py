@@ -9,6 +9,7 @@ Pure functions and one small ASGI middleware (the request body limit); the manag
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple
 
@@ -73,17 +74,32 @@ def _bad_listen(option: str, text: str) -> ConfigError:
 
 
 def is_loopback(host: str) -> bool:
-    """``localhost``, 127.0.0.0/8 and ``::1`` (brackets allowed), IPv4-mapped included."""
+    """The one loopback rule of every qcluster check: ``localhost`` (any case, a trailing
+    dot), 127.0.0.0/8 in every spelling the system's resolver accepts (``127.1``,
+    ``0x7f.0.0.1``, ``2130706433``), ``::1`` in any form (brackets, IPv4-mapped
+    ``::ffff:127.x.y.z``). Anything else, other names included, is not loopback."""
     name = host.strip().lower().removeprefix("[").removesuffix("]")
-    if name == "localhost":
+    if name.removesuffix(".") == "localhost":
         return True
     try:
         address = ipaddress.ip_address(name)
     except ValueError:
-        return False
+        return _shorthand_ipv4_is_loopback(name)
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped.is_loopback
     return address.is_loopback
+
+
+def _shorthand_ipv4_is_loopback(name: str) -> bool:
+    """``127.1``, ``0177.0.0.1``, ``0x7f000001``: inet_aton's forms, which a bind() or a
+    connect() to that name accept (it also ignores what follows a space: not here)."""
+    if not name or not set(name) <= set("0123456789abcdefx."):
+        return False
+    try:
+        packed = socket.inet_aton(name)
+    except OSError:
+        return False
+    return packed[0] == 127
 
 
 def host_header_is_loopback(value: str | None) -> bool:

@@ -17,7 +17,7 @@ from qcluster.policy import QueuePolicy
 
 def dead_retention(policy: QueuePolicy) -> DeadRetention:
     """The queue's dead-letter retention, passed to the broker with each settlement."""
-    return DeadRetention(policy.dead_max_count, policy.dead_max_age)
+    return DeadRetention(policy.dead_max_count, policy.dead_max_age, policy.keep_finished_s)
 
 
 def settle_batch(

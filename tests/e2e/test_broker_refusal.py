@@ -45,7 +45,7 @@ def test_a_slot_stops_once_with_its_reason_when_the_queue_has_another_type(
     assert done.returncode == exitcodes.BROKER_REFUSED, log
     assert log.count(f"cannot serve {queue}: ") == 1, log
     assert "exists in RabbitMQ as a classic queue" in log
-    assert "No retry can fix this: the slot stops (exit 7)" in log
+    assert "No retry can fix this: the slot stops (exit 20)" in log
     assert "broker error" not in log, log
 
 

@@ -28,7 +28,7 @@ from qcluster.broker import open_broker
 from qcluster.config import load_settings
 from qcluster.manager.api import create_app
 from qcluster.manager.service import ManagerService
-from qcluster.manager.serving import HeaderDeadlineProtocol, uvicorn_options
+from qcluster.manager.serving import RequestDeadlineProtocol, uvicorn_options
 from qcluster.manager.state import ClusterState
 from qcluster.master.http import serve
 from qcluster.master.snapshot import Snapshot
@@ -226,7 +226,7 @@ def test_manager_lets_a_slow_body_finish(manager_port: int) -> None:
 
 def test_manager_options_bound_concurrency() -> None:
     options = uvicorn_options()
-    assert options["http"] is HeaderDeadlineProtocol and options["limit_concurrency"] > 0
+    assert options["http"] is RequestDeadlineProtocol and options["limit_concurrency"] > 0
 
 
 def test_the_uvicorn_internals_the_deadline_relies_on_are_there() -> None:

@@ -529,7 +529,7 @@ class _SilentTemplate:
         return None
 
     def fork_slot(self, queue: str, slot_no: int, channel_fd: int,
-                  progress_fd: int | None) -> int | None:
+                  progress_fd: int | None, *, tend: Any = None) -> int | None:
         raise AssertionError("a template that never answered forks nothing")
 
     def end(self) -> None:

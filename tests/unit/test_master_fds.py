@@ -12,6 +12,7 @@ import pytest
 from qcluster.master.counters import MasterCounters
 from qcluster.master.effects import ProcessEffects
 from qcluster.master.pool import SlotPool
+from qcluster.master.template import Tend
 
 
 class RefusingTemplate:
@@ -20,7 +21,7 @@ class RefusingTemplate:
     pid, answer, ended, reaped = 1, None, False, False
 
     def fork_slot(self, queue: str, slot_no: int, channel_fd: int,
-                  progress_fd: int | None) -> int | None:
+                  progress_fd: int | None, *, tend: Tend | None = None) -> int | None:
         return None
 
 

@@ -33,7 +33,7 @@ class FakeTemplate:
         return self.answer
 
     def fork_slot(self, queue: str, slot_no: int, channel_fd: int,
-                  progress_fd: int | None) -> int | None:
+                  progress_fd: int | None, *, tend: Any = None) -> int | None:
         assert channel_fd >= 0 and progress_fd is not None  # what goes over SCM_RIGHTS
         pid = self.h._fork()
         self.forked.append(pid)
