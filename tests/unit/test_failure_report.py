@@ -84,3 +84,25 @@ def test_no_time_left_in_the_lock_calls_no_hook() -> None:
     runner = HookRunner((HookSpec(calls.append),))
     runner.call([_failure()], budget_s=0.0)
     assert calls == [] and runner.skipped == 1
+
+
+def test_a_queue_a_host_no_longer_forks_shows_on_its_page_with_why(redis_url: str) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from qcluster.admin_ui.router import install
+    from qcluster.broker import open_broker
+    from tests.browser.fake_source import FakeSource
+
+    broker = open_broker(redis_url)
+    try:
+        source = FakeSource(broker, "mail")
+        why = "the broker refused it: queue 'mail' exists in RabbitMQ as a classic queue"
+        source.hosts[0] = source.hosts[0].model_copy(update={"fatal": {"mail": why}})
+        app = FastAPI()
+        install(app, source)
+        page = TestClient(app).get("/hosts/host-a").text
+    finally:
+        broker.close()
+    assert '<p class="queue-fatal" data-queue="mail"><strong>mail failed here:</strong>' in page
+    assert "exists in RabbitMQ as a classic queue" in page
