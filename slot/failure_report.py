@@ -59,7 +59,8 @@ def format_traceback(exc: BaseException) -> str:
         if index:
             parts.append("\nThe above exception led to the following one:\n\n")
         if item.__traceback__ is not None:
-            stack = traceback.StackSummary.extract(traceback.walk_tb(item.__traceback__))
+            stack = traceback.StackSummary.extract(traceback.walk_tb(item.__traceback__),
+                                                   lookup_lines=False)  # no stat() per file
             for frame in stack:
                 frame.colno = None  # no carets
             parts += ["Traceback (most recent call last):\n", *stack.format()]
