@@ -63,8 +63,9 @@ def test_under_a_master_the_queue_is_marked_fatal_with_the_reason(
         assert reason.startswith("the broker refused it: ") and "classic queue" in reason
         log = procs.log("master")
         assert f"queue {queue} is fatal on this host: the broker refused it: " in log
-        assert get_json(port, "/api/v1/slots") == [] or all(
-            s["queue"] != queue for s in get_json(port, "/api/v1/slots"))
+        wait_until(lambda: all(s["queue"] != queue for s in get_json(port, "/api/v1/slots")),
+                   timeout_s=30, message="no slot of the queue left")
+        assert log.count("cannot serve") <= 2, log  # one line per slot, each once
     finally:
         procs.stop_all()
         _delete(rabbitmq_url, queue)
