@@ -61,6 +61,7 @@ def build_report(sup: Supervisor, interval_s: float, generation: int,
         code=snap.code,
         cluster=cluster,
         periodic=dict(sup.app.periodic_jobs),
+        fatal={q: why[:2000] for q, why in snap.fatal.items()},
     )
 
 

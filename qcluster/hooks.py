@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from qcluster.job import Job
 
-logger = logging.getLogger("qcluster.slot.hooks")
+logger = logging.getLogger(__name__)
 
 #: The longest the slot waits for its hooks per failure, in seconds (unless set).
 DEFAULT_HOOK_TIMEOUT_S = 5.0

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from qcluster import exitcodes, metrics
+from qcluster import exitcodes, metrics, otel
 from qcluster.app import App, QueueSpec
 from qcluster.broker import Broker, Settlement, open_broker
 from qcluster.channel import Channel
@@ -39,6 +39,7 @@ from qcluster.messages import (
     Progress,
     Recycling,
     SlotHello,
+    SlotRefused,
     StopSlot,
     SwitchQueue,
 )
@@ -154,6 +155,8 @@ class SlotRunner:
             try:
                 worked = self.step(defer_settle=True)
             except BrokerError as exc:
+                if refused_for_good(exc):
+                    return self._refused(exc)
                 logger.warning("slot %s: broker error on %s: %s", self.slot_label, self.queue, exc)
                 self._heartbeat(idle=True)  # waiting for the broker is not hung
                 time.sleep(BROKER_ERROR_PAUSE_S)
@@ -167,6 +170,14 @@ class SlotRunner:
                 return exitcodes.OK
             if self._over_memory_limit():
                 return exitcodes.RECYCLE
+
+    def _refused(self, exc: BrokerError) -> int:
+        """The broker refused the queue for good: say why once, tell the master, stop."""
+        reason = " ".join(str(exc).split())[:1000]
+        logger.error("slot %s: cannot serve %s: %s. No retry can fix this: the slot stops "
+                     "(exit %d)", self.slot_label, self.queue, reason, exitcodes.BROKER_REFUSED)
+        self._send(SlotRefused(reason=reason))
+        return exitcodes.BROKER_REFUSED
 
     def step(self, *, defer_settle: bool = False) -> bool:
         """Take and process one batch (or a few small ones); False when nothing was ready.
@@ -320,7 +331,12 @@ class SlotRunner:
         jobs, rejected, malformed = self._decode(deliveries)
         if first >= 0 and jobs:
             jobs = self._mark_running(jobs, deliveries, first)
-        busy_s = self._run_handler(jobs) if jobs else 0.0
+        if not jobs:
+            busy_s = 0.0
+        elif otel.ENABLED and otel.active():  # traced: a span per batch and per job
+            busy_s = otel.run_traced(self.queue, jobs, lambda: self._run_handler(jobs))
+        else:
+            busy_s = self._run_handler(jobs)
         # Prefetch only for handlers that finish fast: slow jobs are better spread
         # over every slot of the queue than queued behind each other in one.
         self._fast_batches = busy_s < PREFETCH_FAST_BATCH_S
@@ -517,6 +533,28 @@ class SlotRunner:
 TAKEN = "taken"
 """How the reason of a job refused for too many takes starts (see _decode)."""
 DIED = "its slot died while running it"
+
+
+#: Errors of the broker's client that no retry can fix: RabbitMQ's ACCESS_REFUSED (403)
+#: and NOT_ALLOWED (530), PRECONDITION_FAILED (406) to an exchange or queue method (a
+#: declaration or binding; not an ack, which may fail after a reconnect); Redis's NOPERM.
+_REFUSALS = frozenset({"AccessRefused", "NotAllowed", "NoPermissionError"})
+_AMQP_TOPOLOGY_CLASSES = (40, 50)  # exchange.*, queue.*
+
+
+def refused_for_good(exc: BrokerError) -> bool:
+    """A broker error that no retry can fix: the queue exists with another type
+    (QueueTypeMismatch), or the broker refused a declaration or a permission."""
+    if any(kind.__name__ == "QueueTypeMismatch" for kind in type(exc).__mro__):
+        return True
+    cause = exc.__cause__
+    if cause is None:
+        return False
+    names = {kind.__name__ for kind in type(cause).__mro__}
+    if names & _REFUSALS:
+        return True
+    method = getattr(cause, "method_sig", None) or (0, 0)
+    return "PreconditionFailed" in names and method[0] in _AMQP_TOPOLOGY_CLASSES
 
 
 def _runs_each_job(spec: QueueSpec) -> bool:
