@@ -23,6 +23,7 @@ from typing import Any
 from bench import (
     async_bench,
     consume,
+    fleet,
     master_bench,
     peer_runs,
     planner_bench,
@@ -35,7 +36,7 @@ from bench.common import ROOT, STATE_DIR, summary, versions
 RESULTS = ROOT / "bench" / "results"
 QCLUSTER_MEMORY = "qcluster master --slots Q=8"
 SUITES = ("consume", "enqueue", "host", "planner", "simulator", "memory", "latency", "async",
-          "shards")
+          "shards", "fleet")
 
 
 def alternate(systems: dict[str, Callable[[], float]], repeat: int) -> dict[str, Any]:
@@ -126,6 +127,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         check(f"{shards_bench.SHARDS}-shard Redis Cluster vs one Redis, whole host, 6 queues: "
               f"jobs/s ratio (broker CPU share {many['broker_cpu_share']} vs "
               f"{one['broker_cpu_share']} of a core)", shards["gain"], None)
+    for check_row in (results.get("fleet") or {}).get("targets", []):
+        what, bound = check_row["what"], float(check_row["target"].split()[1])
+        unit = "ms" if "(ms)" in what else "s" if "(s)" in what else "KiB" if "KiB" in what \
+            else "of a core"
+        check(f"live fleet: {what}", check_row["value"] if check_row["value"] is not None
+              else float("nan"), bound, unit, lower=True)
     aio = results.get("async")
     if aio and async_bench.ARQ_ROW in aio:
         check("async handler, 10 ms await per job, batch/concurrency 100 vs arq max_jobs 100",
@@ -147,6 +154,8 @@ def markdown(results: dict[str, Any]) -> str:
             lines += _rate_table(suite, results[suite])
     if "memory" in results:
         lines += _memory_table(results["memory"])
+    if "fleet" in results:
+        lines += fleet.markdown_rows(results["fleet"]["rows"])
     for suite in ("host", "planner", "simulator", "latency", "shards"):
         if suite in results:
             lines += [f"## {suite}", "", "```json", json.dumps(results[suite], indent=2), "```",
@@ -268,9 +277,15 @@ def _suites(args: argparse.Namespace, repeat: int, jobs: int, peer_jobs: int, pe
         print("async handlers, 10 ms await per job, one process:", flush=True)
         return alternate(async_bench.systems(peer_jobs, peers), repeat)
 
+    def fleet_suite() -> dict[str, Any]:
+        print("live fleet: one manager, real masters and slots, many queues:", flush=True)
+        return fleet.run("10x150,40x150" if args.quick else "10x30,10x150,40x30,40x150",
+                         20.0 if args.quick else 60.0)
+
     return {"consume": consume_suite, "enqueue": enqueue_suite, "host": host_suite,
             "planner": planner_bench.run, "simulator": sim_bench.run, "memory": memory_suite,
-            "latency": latency_suite, "async": async_suite, "shards": shards_suite}
+            "latency": latency_suite, "async": async_suite, "shards": shards_suite,
+            "fleet": fleet_suite}
 
 
 def rerender() -> None:

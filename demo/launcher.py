@@ -23,12 +23,15 @@ import httpx
 import typer
 from rich.console import Console
 
+from qcluster.cli_support import settings_for
 from qcluster.demo.feed import Feed
 
 out = Console()
 TICK_S = 0.5
 #: The resize queue's square wave: RESIZE_HIGH jobs/s, then RESIZE_LOW, every RESIZE_EDGE_S.
 RESIZE_HIGH, RESIZE_LOW, RESIZE_EDGE_S = 1500.0, 50.0, 40.0
+#: Seconds the demo waits for its manager before printing the admin URL without a login.
+MANAGER_WAIT_S = 60.0
 #: What the manager observed each round (``--record``), in the state directory.
 RECORDING = "demo-recording.jsonl"
 
@@ -79,10 +82,12 @@ def demo(
     ] = Path(".qcluster"),
 ) -> None:
     """A small cluster on the embedded broker with the admin UI, until Ctrl-C."""
-    from qcluster.broker.embedded import ensure_server, stop_embedded
+    from qcluster.broker.embedded import ensure_server
+    from qcluster.broker.embedded_life import hold, release
     from qcluster.client import Client
 
     state_dir = state_dir.resolve()
+    hold(state_dir)  # the demo is the broker's last user: it stops it on the way out
     ensure_server(state_dir)
     env = dict(os.environ, QCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=os.pathsep.join(
         [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
@@ -99,11 +104,13 @@ def demo(
             ["master", "--app", "examples.app", "--manager", admin.rstrip("/"),
              "--host-name", host, "--listen", f"127.0.0.1:{port + 1 + index}"],
             logs / f"master-{host}.log", env))
-    out.print(f"[bold green]qcluster demo[/]: admin UI at [link={admin}]{admin}[/link]  "
-              f"(logs in {logs}; Ctrl-C stops)")
     stop = {"now": False}
     signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    link = _login_link(admin, settings_for(None).token, state_dir, stop)
+    out.print(f"[bold green]qcluster demo[/]: admin UI at [link={link}]{link}[/link]  "
+              + ("(a one-time login: its buttons work; " if link != admin else "(")
+              + f"logs in {logs}; Ctrl-C stops)", soft_wrap=True)
     started = time.monotonic()
     sent = 0
     feed = Feed(arrival_rates)
@@ -126,11 +133,34 @@ def demo(
                 time.sleep(max(0.0, TICK_S - (time.monotonic() - started - t)))
     finally:
         _stop_all(children)
-        stop_embedded(state_dir)
+        release(state_dir)
     out.print(f"demo stopped after enqueuing {sent:,} jobs")
     if recording.exists():
         out.print(f"the manager recorded this run in {recording}; replay it with\n"
                   f"  qcluster simulate --trace {recording}", soft_wrap=True)
+
+
+def _login_link(admin: str, configured: str | None, state_dir: Path,
+                stop: dict[str, bool]) -> str:
+    """A one-time login to the admin page with the configured token, else the local one the
+    manager wrote on its start (``qcluster login`` does the same); the bare URL when the
+    manager does not answer within MANAGER_WAIT_S."""
+    from qcluster.errors import ConfigError
+    from qcluster.local_token import read_local_token
+
+    deadline = time.monotonic() + MANAGER_WAIT_S
+    while time.monotonic() < deadline and not stop["now"]:
+        try:
+            token = configured or read_local_token(state_dir)
+            if token is not None and httpx.get(f"{admin}healthz", timeout=2).is_success:
+                reply = httpx.post(f"{admin}api/v1/login", timeout=5,
+                                   headers={"Authorization": f"Bearer {token}"})
+                reply.raise_for_status()
+                return f"{admin.rstrip('/')}{reply.json()['path']}"
+        except (httpx.HTTPError, ValueError, KeyError, ConfigError):
+            pass
+        time.sleep(0.2)
+    return admin
 
 
 def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:

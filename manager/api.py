@@ -21,8 +21,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from qcluster.manager import api_cluster, api_controls, api_health, api_reload, api_reports
+from qcluster.manager import (
+    api_cluster,
+    api_controls,
+    api_health,
+    api_jobs,
+    api_reload,
+    api_reports,
+    login,
+)
 from qcluster.manager.api_deps import NamePath
+from qcluster.manager.login import Logins, SessionMiddleware
 from qcluster.manager.service import ManagerService
 from qcluster.security import MAX_BODY_BYTES, GuardMiddleware
 
@@ -30,7 +39,7 @@ __all__ = ["NamePath", "create_app"]
 
 #: In the order the routes were always matched and listed in the OpenAPI document.
 ROUTERS = (api_reports.router, api_cluster.router, api_controls.router, api_reload.router,
-           api_health.router)
+           api_health.router, login.router, api_jobs.router)
 
 
 def create_app(service: ManagerService, *, loopback: bool = True,
@@ -52,6 +61,8 @@ def create_app(service: ManagerService, *, loopback: bool = True,
     )
     app.state.service = service  # what the routes' dependencies read (api_deps.get_service)
     app.state.loopback = loopback
+    app.state.logins = Logins()  # the admin page's one-time logins (manager/login.py)
+    app.add_middleware(SessionMiddleware, logins=app.state.logins)
     app.add_middleware(GuardMiddleware, loopback=loopback, max_body_bytes=max_body_bytes)
     app.exception_handler(RecursionError)(too_deep)
     app.exception_handler(RequestValidationError)(invalid)

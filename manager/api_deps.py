@@ -46,9 +46,11 @@ def authorised(service: ServiceDep, authorization: AuthorizationHeader = None) -
 
 def reporter_authorised(request: Request, service: ServiceDep,
                         authorization: AuthorizationHeader = None) -> None:
-    """With a token set, reports need it; without one, only a loopback manager (the
-    CLI refuses a public bind without a token) takes them, from this machine."""
-    if service.tokens or not request.app.state.loopback:
+    """With a token set, reports need it; without one (the local token alone does not
+    count: masters do not read it), only a loopback manager (the CLI refuses a public bind
+    without a token) takes them, from this machine."""
+    configured = service.tokens and not getattr(request.app.state, "local_token_only", False)
+    if configured or not request.app.state.loopback:
         authorised(service, authorization)
 
 

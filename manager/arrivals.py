@@ -10,7 +10,7 @@ The planner used to count a round's arrivals as "done in each host's latest repo
 rate + ready jobs now - ready jobs at the previous round", mixing two spans, and clamped
 the result at 0. Slots taking jobs made the ready count fall before the reports said so (a
 negative count, dropped), and when a drain ended, the reports' lagged done count came out
-as jobs arrived after it: engineer L saw "120 arrived in 1s" after the feed had stopped
+as jobs arrived after it: chaos row L2 saw "120 arrived in 1s" after the feed had stopped
 and the plan moved 3 slots back within a second.
 
 :class:`ArrivalLedger` counts on one ledger instead: ``jobs in the broker now + jobs

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from qcluster.cluster_identity import RESERVED_PREFIX
 from qcluster.controls import Control, ControlKind, control_key, parse_stored
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class ControlStore:
             return None
         controls = {}
         for key, value in stored.items():
+            if key.startswith(RESERVED_PREFIX):  # the cluster identity: no control
+                continue
             control = parse_stored(key, value)
             if control is None:
                 if key not in self.warned:

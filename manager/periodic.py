@@ -4,17 +4,19 @@ A thread of its own (not the planning round: a round may take seconds and runs e
 ``interval_s``, up to a minute). It sleeps until the next tick of any job (at most
 :data:`MAX_SLEEP_S`), then for each job computes the due ticks
 (:func:`qcluster.periodic.due_ticks`, from the job's last tick recorded in the broker)
-and, for each, claims it in the broker (``Broker.claim_tick``) and enqueues it only if
-this manager won the claim. A second manager started by mistake, or a restarted one,
-loses the claims of ticks already enqueued, so no tick is enqueued twice.
+and enqueues each with ``Broker.publish_tick``: the tick's job and the record of the job's
+last enqueued tick are stored as one step, refused when the record holds that tick or a
+later one. A second manager started by mistake, or a restarted one, is refused the ticks
+already enqueued, so no tick is enqueued twice.
 
-The guarantee: each tick is enqueued exactly once, except that a manager killed between
-its claim and its enqueue (one broker round trip) loses that tick (nobody enqueues it).
-If the enqueue fails after the claim and stored nothing, the claim is given back
-(``unclaim_tick``) and the next pass tries again. If the job reached a Redis master but
-too few replicas confirmed it (``ReplicationUnconfirmed``), it is stored: the claim is
-kept and the tick is not enqueued again (a failover before a replica copies it may lose
-it, as any publish).
+The guarantee: each tick is enqueued exactly once, whatever happens to a call (a late
+reply, a reset, a retry, a failover, this manager killed): the tick's job id and body
+depend only on the job and the tick, a call that raised is left to the next pass, which
+reads the record again and calls again if the tick is not recorded. Where a backend
+cannot make this exact, :meth:`Broker.publish_tick` of that backend says what can happen
+(docs/operations.md, "Periodic jobs"). If the job reached a Redis master but too few
+replicas confirmed it (``ReplicationUnconfirmed``), it is enqueued and recorded (a
+failover before a replica copies it may lose it, as any publish).
 
 A record in the broker that cannot be a tick (not a number, or later than this manager's
 clock allows) stops only its own job, with a warning; the lock that serialises the
@@ -40,6 +42,7 @@ from qcluster.errors import (
     ReplicationUnconfirmed,
 )
 from qcluster.job import Envelope
+from qcluster.manager.learned_periodic import without_partial
 from qcluster.periodic import (
     PeriodicJobView,
     PeriodicSpec,
@@ -95,7 +98,9 @@ def app_for_periodic(settings: Settings) -> App | None:
 def ticker_for(settings: Settings, broker: Broker, broker_lock: threading.Lock,
                clock: Callable[[], float] = time.time) -> PeriodicTicker | None:
     """The manager's ticker, or None when no periodic job is declared."""
-    jobs = configured_jobs(settings, app_for_periodic(settings))
+    app = app_for_periodic(settings)
+    # without the app, a [periodic.NAME] changing its declaration waits for a master's report
+    jobs = configured_jobs(settings if app is not None else without_partial(settings), app)
     if not jobs:
         return None
     return PeriodicTicker(jobs, broker, broker_lock, clock)
@@ -178,40 +183,35 @@ class PeriodicTicker:
             logger.info("periodic %s: ticks after %s were missed (no manager ran); "
                         "catch_up=%s enqueues %d of them", spec.name, _when(start),
                         spec.catch_up, sum(1 for tick in due if tick <= edge))
-        previous = last
         for tick in due:
             with self.broker_lock:
-                if not self._claim_and_enqueue(spec, tick, previous):
-                    continue  # another manager enqueued it (or a later one)
-            previous = self.last[spec.name] = tick
-            self.enqueued += 1
+                if self._enqueue(spec, tick):
+                    self.enqueued += 1
+            self.last[spec.name] = max(tick, self.last.get(spec.name, tick))
 
-    def _claim_and_enqueue(self, spec: PeriodicSpec, tick: int, previous: int | None) -> bool:
-        """True when this manager won the tick's claim and its job is stored. The claim is
-        given back only when the publish stored nothing: after ReplicationUnconfirmed the
-        job is on the master (a replica did not confirm it in time), so giving the claim
-        back would let the next pass publish the tick again and run it twice."""
-        if not self.broker.claim_tick(spec.name, tick):
-            return False
-        try:
-            self._enqueue(spec, tick)
-        except ReplicationUnconfirmed:
-            logger.warning("periodic %s: tick %s is stored on the master but no replica "
-                           "confirmed it in time (a failover now could lose it); it is "
-                           "not enqueued again", spec.name, _when(tick))
-        except BrokerError:
-            self.broker.unclaim_tick(spec.name, tick, previous)
-            raise
-        return True
-
-    def _enqueue(self, spec: PeriodicSpec, tick_ms: int) -> None:
+    def _enqueue(self, spec: PeriodicSpec, tick_ms: int) -> bool:
+        """Enqueue the tick unless it is recorded already (``Broker.publish_tick``, one
+        step): True when this call enqueued it. The job's id and body depend only on the
+        job and the tick, so a second call for the same tick (after a lost reply) is the
+        same publish, and the broker's record refuses it. A BrokerError leaves the tick
+        to the next pass, which reads the record again: never given up, never guessed.
+        After ReplicationUnconfirmed the tick is enqueued and recorded on the master (a
+        failover before a replica copies it may lose it, as any publish)."""
         identifier = job_id(spec.name, tick_ms)
         envelope = Envelope(id=identifier, queue=spec.queue, payload=spec.payload,
-                            enqueued_at=self.clock(),
+                            enqueued_at=tick_ms / 1000,
                             headers={NAME_HEADER: spec.name, TICK_HEADER: str(tick_ms)})
-        self.broker.publish(spec.queue, identifier, envelope.model_dump_json().encode())
-        logger.debug("periodic %s: tick %s enqueued to %s", spec.name, _when(tick_ms),
-                     spec.queue)
+        try:
+            stored = self.broker.publish_tick(spec.queue, spec.name, tick_ms, identifier,
+                                              envelope.model_dump_json().encode())
+        except ReplicationUnconfirmed:
+            logger.warning("periodic %s: tick %s is enqueued on the master but no replica "
+                           "confirmed it in time (a failover now could lose it)",
+                           spec.name, _when(tick_ms))
+            return True
+        logger.debug("periodic %s: tick %s %s %s", spec.name, _when(tick_ms),
+                     "enqueued to" if stored else "was enqueued already to", spec.queue)
+        return stored
 
     def _seconds_to_next(self, now_ms: int) -> float:
         next_ms = min(spec.next_tick(now_ms) for spec in self.jobs.values())

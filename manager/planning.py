@@ -18,16 +18,22 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
 * up: once ``want`` stayed above the band for two rounds and the last move has landed
   (running == planned), to the least those rounds wanted; at once to ``ceil(want)`` when
   ``want`` is beyond the band by far;
-* down: only after ``want`` stayed below the band for ``hold_rounds(priority)`` rounds in a
-  row (longer for higher priorities) over at least 200 jobs, then to the fewest slots
+* down: only after ``want`` stayed below the band's lower side (``LOWER_SHARE`` of the
+  band) for ``hold_rounds(priority)`` rounds in a row (longer for higher priorities) over
+  at least ``MIN_RELEASE_JOBS`` jobs (or ``MAX_HOLD_ROUNDS`` rounds), then to the fewest slots
   that keep the most those rounds wanted (but the first two, which still count part of
   the old rate) within half the band's upper side;
-* a queue with backlog and no measurement yet starts with enough slots for its backlog
-  in batches, capped by ``max_slots``;
-* when the cluster's capacity is short: minimums first in priority order, then the rest
-  in priority order; within a priority, the slots a hold keeps for a queue to which
-  nothing came and for which nothing waits this round (beyond its minimum: its spare)
-  come last: a queue that waits takes them;
+* a queue with backlog and no measurement yet is planned like any other, at the policy's
+  ``est_job_seconds``: its backlog drained within its horizon, not a slot per batch;
+* a queue that had work within its ``idle_s`` keeps one warm slot (its next job waits for
+  no fork), and a queue whose periodic tick is due within ``PREWARM_S`` (plus a round)
+  gets one; ``min_slots`` stays the hard floor;
+* when the cluster's capacity is short: minimums first in priority order, then every
+  queue's real need in priority order, then the holds' **spare** in priority order. A
+  hold's spare is what it keeps beyond what this round's arrivals need (with the band's
+  room for noise) while nothing waits, and a warm or pre-warmed slot while nothing waits:
+  a queue that waits takes it, whatever the priorities (many queues starting at once get
+  their first slots instead of waiting for the holds of higher priorities to expire);
 * work-conserving: the slots no need claims go, by priority, to backlogs worth more than
   ``IDLE_MIN_DRAIN_S`` of the slots their arrivals need (enough to drain them within
   ``IDLE_DRAIN_S``), while they last.
@@ -41,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from qcluster.policy import QueuePolicy
 
@@ -61,12 +67,12 @@ UP_ROUNDS = 2
 #: per priority step (a high-priority queue keeps its slots for the next burst), the limits.
 BASE_HOLD_ROUNDS = 5
 MIN_HOLD_ROUNDS = 3
-MAX_HOLD_ROUNDS = 30
+MAX_HOLD_ROUNDS = 10
 #: The first rounds below the band still count part of the old rate (reports lag): their
 #: want does not set where a release lands.
 SETTLE_ROUNDS = 2
 #: A release needs this many jobs counted below the band (fewer: the count is noise).
-MIN_RELEASE_JOBS = 200
+MIN_RELEASE_JOBS = 50
 #: The arrival estimate: a round's count moves the running estimate by this share, unless it
 #: is more than JUMP_SIGMAS Poisson deviations from it (the rate changed: take it at once).
 SMOOTHING = 0.25
@@ -76,14 +82,18 @@ JUMP_MIN_JOBS = 5
 #: Without a target_wait the backlog drains over this many seconds (the seed's load drains
 #: it over the window, 60 s by default).
 DRAIN_S = 60.0
-#: Less slot time than this in the window is no measurement (the load would be noise).
-MIN_ALIVE_S = 1.0
 #: Idle slots (work-conserving): a backlog worth more than this many seconds of the slots
 #: its arrivals need may take the slots no queue needs, by priority ...
 IDLE_MIN_DRAIN_S = 10.0
 #: ... as many as drain it within this (faster is not worth the forks), one per batch at
 #: most, within max_slots, while the backlog lasts; then released by the usual hold.
 IDLE_DRAIN_S = 5.0
+#: The band's lower side, as a share of it: a plan above what the work needs is slack that
+#: buys no wait (the rate fell); the hold still keeps it a while.
+LOWER_SHARE = 0.5
+#: A periodic queue's slot is started this long before its next tick (a fork and an
+#: import), plus a round (the next round may come too late).
+PREWARM_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +149,9 @@ class Streak:
     """Rounds in a row the queue wanted more (not far more) slots than planned."""
     high_floor: int = 0
     """The fewest slots wanted during those rounds: what a rise goes up to."""
+    quiet_s: float = math.inf
+    """Seconds since jobs last arrived or waited (inf: none seen): within the policy's
+    ``idle_s`` the queue keeps a warm slot."""
 
 
 STREAK_FIELDS = tuple(f.name for f in fields(Streak))
@@ -176,6 +189,8 @@ class QueueInput:
     """False when no live host's application declares the queue: no slot could run it."""
     previous: QueuePlan | None = None
     """This queue's plan of the previous round (None on the first round)."""
+    next_tick_s: float | None = None
+    """Seconds until the next tick of a periodic job enqueued on this queue (None: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,18 +263,45 @@ def _clamp(value: int, policy: QueuePolicy) -> int:
 
 
 def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
-    """One queue's need, ignoring the other queues."""
+    """One queue's need, ignoring the other queues: what its work needs, and at least one
+    warm slot while the queue had work within its ``idle_s`` or a periodic tick is due (that
+    slot is spare while nothing waits)."""
+    policy, window, previous = queue.policy, queue.window, queue.previous
+    if queue.paused:
+        return Need(0, queue_load(window, policy), "paused")
+    if not queue.servable:
+        return Need(0, queue_load(window, policy), "served by no live host")
+    need, counted = _work_need(queue, target_utilization)
+    busy = counted > 0 or window.backlog > 0
+    if busy:
+        quiet = 0.0
+    else:
+        quiet = previous.quiet_s + window.recent_s if previous is not None else math.inf
+    tick = queue.next_tick_s
+    floor, why = 0, need.why
+    if quiet < policy.idle_s:
+        floor, why = 1, Why("{}; warm: last job {:.0f}s ago, idle_s {:g}", why, quiet,
+                            policy.idle_s)
+    elif tick is not None and tick <= PREWARM_S + window.recent_s:
+        floor, why = 1, Why("{}; periodic tick in {:.0f}s", why, tick)
+    floor = min(floor, policy.max_slots)
+    if need.needed >= floor:
+        # The Need was just built for this round and is not shared yet: set in place
+        # (dataclasses.replace costs about 10 us, every queue, every round).
+        object.__setattr__(need, "quiet_s", quiet)
+        return need
+    spare = need.spare + (floor - need.needed if window.backlog == 0 else 0)
+    return replace(need, needed=floor, why=why, spare=spare, quiet_s=quiet)
+
+
+def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]:
+    """What the queue's work needs (arrivals at the target utilization, backlog drained
+    within its horizon), with the hysteresis; and the jobs the arrivals were counted on.
+    A queue with a backlog and nothing measured yet starts from the policy's
+    ``est_job_seconds``, like any other."""
     policy, window, previous = queue.policy, queue.window, queue.previous
     load = queue_load(window, policy)
-    if queue.paused:
-        return Need(0, load, "paused")
-    if not queue.servable:
-        return Need(0, load, "served by no live host")
     anchor = _clamp(previous.planned if previous is not None else queue.current, policy)
-    if window.alive_s < MIN_ALIVE_S and window.processed == 0 and anchor == queue.current:
-        batches = math.ceil(window.backlog / policy.batch_size)
-        needed = _clamp(max(anchor, batches), policy)
-        return Need(needed, load, f"backlog {window.backlog} in batches of {policy.batch_size}")
     job_s = mean_job_seconds(window, policy)
     work, counted, source = work_rate(queue, job_s)
     horizon = DRAIN_S
@@ -282,15 +324,15 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
     upper = min(1 + band, MAX_UTILIZATION / target_utilization)
     if ratio > upper:
         above = Why("{} > {} +{:.0%}", basis, anchor, upper - 1)
-        return _up(queue, want, ratio, band, Need(anchor, load, above, work=work))
-    if ratio < 1 - band and anchor > policy.min_slots:
+        return _up(queue, want, ratio, band, Need(anchor, load, above, work=work)), counted
+    if ratio < 1 - band * LOWER_SHARE and anchor > policy.min_slots:
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
         edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
         return _down(queue, want, counted, edge_jobs, upper, Need(
-            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work=work))
+            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work=work)), counted
     return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, band, upper - 1),
-                work=work)
+                work=work), counted
 
 
 def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -> Need:
@@ -349,9 +391,13 @@ def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, upper:
         target = max(math.ceil(low_peak / (1 + (upper - 1) / 2) - 1e-9), 1 if low_jobs else 0)
         return _moved(keep, _clamp(target, queue.policy),
                       Why("{} for {} rounds, most wanted {:.2f}", keep.why, low_rounds, low_peak))
-    # A round in which no job came and none waits needs only the minimum: the rest of
-    # the hold is spare.
-    keeps = queue.policy.min_slots if not (counted or queue.window.backlog) else keep.needed
+    # Nothing waits: the hold keeps what this round's arrivals need (with the band's room
+    # for noise, none when nothing came); the rest of it is spare, and any queue's real
+    # need ranks before it (share_capacity).
+    keeps = keep.needed
+    if not queue.window.backlog:
+        now_wants = want * (1 + band_for(queue.policy.priority)) if counted else 0.0
+        keeps = max(queue.policy.min_slots, math.ceil(now_wants - 1e-9))
     held = Why("{}, held {} of {} rounds", keep.why, low_rounds, hold)
     return Need(keep.needed, keep.load, held, spare=max(0, keep.needed - keeps), work=keep.work,
                 low_rounds=low_rounds, low_peak=low_peak, low_jobs=low_jobs)
@@ -361,9 +407,9 @@ def share_capacity(
     needs: Mapping[str, int], policies: Mapping[str, QueuePolicy], capacity: int,
     paused: frozenset[str] = frozenset(), spare: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """Minimums first in priority order, then the rest of each need in priority order;
-    within a priority, the needs' ``spare`` slots (held beyond what the work needs) after
-    every need of that priority that is not spare."""
+    """Minimums first in priority order, then the rest of each need in priority order,
+    then the needs' ``spare`` slots (held beyond what the work needs) in priority order:
+    a hold ranks below any queue's real need, whatever the priorities."""
     order = sorted(needs, key=lambda q: (-policies[q].priority, q))
     spare = spare or {}
     left = max(0, capacity)
@@ -373,9 +419,9 @@ def share_capacity(
         floor = max(floor, 0)
         granted[queue] = min(floor, left)
         left -= granted[queue]
-    # (priority, spare last, name): a higher priority's spare before a lower one's need.
-    parts = sorted([(-policies[q].priority, 0, q, needs[q] - spare.get(q, 0)) for q in order]
-                   + [(-policies[q].priority, 1, q, needs[q]) for q in order if spare.get(q)])
+    # (spare last, priority, name): every real need before any hold's spare.
+    parts = sorted([(0, -policies[q].priority, q, needs[q] - spare.get(q, 0)) for q in order]
+                   + [(1, -policies[q].priority, q, needs[q]) for q in order if spare.get(q)])
     for _, _, queue, upto in parts:
         more = min(upto - granted[queue], left)
         if more > 0:
@@ -453,6 +499,6 @@ def plan(
             load=need.load, band=band_for(queue.policy.priority), mean_job_s=job_s, why=reason,
             backlog=queue.window.backlog, work=need.work, low_rounds=need.low_rounds,
             low_peak=need.low_peak, low_jobs=need.low_jobs, high_rounds=need.high_rounds,
-            high_floor=need.high_floor,
+            high_floor=need.high_floor, quiet_s=need.quiet_s,
         )
     return plans

@@ -28,7 +28,7 @@ from qcluster.manager.controls import ControlStore
 from qcluster.manager.periodic import PeriodicTicker, ticker_for
 from qcluster.manager.recorder import Recorder
 from qcluster.manager.reload_driver import ReloadDriver
-from qcluster.manager.rounds import RoundInput, RoundResult, decide
+from qcluster.manager.rounds import RoundInput, RoundResult, decide, next_ticks, with_ticks
 from qcluster.manager.state import ClusterState
 
 #: The service's name in the log, as before the service was split.
@@ -85,7 +85,13 @@ class RoundLoop:
             self.state.set_stats(stats)
             self.state.prune(now)
             self.state.count_arrivals(now)
-            return self.state.round_input(now)
+            round_input = self.state.round_input(now)
+        return with_ticks(round_input, self.next_ticks(now))
+
+    def next_ticks(self, now: float) -> dict[str, float]:
+        """Seconds from ``now`` to each queue's next periodic tick, from the schedules this
+        manager enqueues (the planner pre-warms a slot for it)."""
+        return next_ticks(self.periodic.jobs.values(), now) if self.periodic is not None else {}
 
     def act(self, result: RoundResult) -> None:
         """Publish the plan, log the decisions, write the recording."""

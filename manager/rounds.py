@@ -9,12 +9,16 @@ decision log, the recorder).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from qcluster.manager.placement import place
 from qcluster.manager.planning import QueueInput, QueuePlan, plan
 from qcluster.messages import DecisionView
+from qcluster.periodic import PeriodicSpec
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,30 @@ class RoundResult:
     slot_map: dict[str, dict[str, int]]
     decisions: list[DecisionView]
     """The queues whose planned slots changed, in plan order (by name)."""
+
+
+def next_ticks(specs: Iterable[PeriodicSpec], now: float) -> dict[str, float]:
+    """Seconds from ``now`` to each queue's next periodic tick (the soonest of its jobs')."""
+    now_ms = round(now * 1000)
+    found: dict[str, float] = {}
+    for spec in specs:
+        try:
+            seconds = (spec.next_tick(now_ms) - now_ms) / 1000
+        except Exception:  # a schedule that cannot say: no pre-warm (the ticker warns)
+            logger.debug("no next tick for periodic job %s", spec.name, exc_info=True)
+            continue
+        found[spec.queue] = min(seconds, found.get(spec.queue, seconds))
+    return found
+
+
+def with_ticks(round_input: RoundInput, next_ticks: Mapping[str, float]) -> RoundInput:
+    """The round's input with each queue's seconds to its next periodic tick (the planner
+    starts its slot a little before)."""
+    if not next_ticks:
+        return round_input
+    queues = tuple(replace(q, next_tick_s=next_ticks[q.name]) if q.name in next_ticks else q
+                   for q in round_input.queues)
+    return replace(round_input, queues=queues)
 
 
 def decide(round_input: RoundInput) -> RoundResult:

@@ -101,17 +101,25 @@ class HistoryRing:
             self._len -= 1
 
     def __iter__(self) -> Iterator[HistoryPoint]:
+        return self._points()
+
+    def since(self, cutoff: float) -> tuple[HistoryPoint, ...]:
+        """The points at or after ``cutoff``, oldest first: only those are built (the
+        views read the window's few points out of an hour's, for every queue)."""
+        columns, width, skip = self._columns, self._WIDTH, self._len
+        while skip and columns[(self._start + skip - 1) % self.capacity * width] >= cutoff:
+            skip -= 1
+        return tuple(self._points(skip))
+
+    def _points(self, first: int = 0) -> Iterator[HistoryPoint]:
         columns, width = self._columns, self._WIDTH
-        for n in range(self._len):
+        for n in range(first, self._len):
             at = (self._start + n) % self.capacity * width
             when, backlog, planned, current, load, rate = columns[at : at + width]
             yield HistoryPoint.model_construct(  # the values were validated when added
                 at=when, backlog=int(backlog), slots_planned=int(planned),
                 slots_current=int(current), load=None if math.isnan(load) else load,
                 rate_out=rate)
-
-    def since(self, cutoff: float) -> tuple[HistoryPoint, ...]:
-        return tuple(point for point in self if point.at >= cutoff)
 
 
 #: Spare room in a queue's HistoryRing beyond an hour of rounds (a late round, a restart
@@ -210,6 +218,8 @@ class ClusterState:
         self.plans: dict[str, QueuePlan] = {}
         self.slot_map: dict[str, dict[str, int]] = {}
         self.generation = 0
+        self.rounds = 0
+        """Planning rounds applied (the views build the queue rows once per round)."""
         self.decisions: deque[DecisionView] = deque(maxlen=self.cfg.decisions_kept)
         self.paused: set[str] = set()
         self.drained: set[str] = set()
@@ -383,6 +393,7 @@ class ClusterState:
         a history point per queue."""
         if result.slot_map != self.slot_map:
             self.generation += 1
+        self.rounds += 1
         self.slot_map, self.plans, self.planned_once = result.slot_map, result.plans, True
         for decision in result.decisions:
             self.decisions.appendleft(decision)
@@ -455,13 +466,14 @@ class ClusterState:
 
     # --- what the views read -------------------------------------------------------
 
-    def snapshot(self, now: float) -> Snapshot:
-        """A copy of what the API and the admin page show (``manager.views`` builds them)."""
+    def snapshot(self, now: float, *, queues_too: bool = True) -> Snapshot:
+        """A copy of what the API and the admin page show (``manager.views`` builds them);
+        without the queues (``queues_too=False``: the views hold this round's rows)."""
         alive = self.alive_hosts(now)
         running = self.running(alive)
         cutoff = now - self.cfg.window_s
         queues = []
-        for name, policy in sorted(self.policies(now).items()):
+        for name, policy in sorted(self.policies(now).items() if queues_too else ()):
             track = self.tracks.get(name, QueueTrack())
             queues.append(QueueSnapshot(
                 name=name, policy=policy, stats=self.stats.get(name, QueueStats()),

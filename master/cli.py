@@ -14,9 +14,20 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from qcluster import metrics
-from qcluster.cli_support import BrokerOpt, ConfigOpt, settings_for, setup_logging, user_errors
+from qcluster.cli_support import (
+    BrokerOpt,
+    ConfigOpt,
+    UsageError,
+    announce_broker,
+    check_port_free,
+    load_app_checked,
+    settings_for,
+    setup_logging,
+    user_errors,
+)
 from qcluster.config import Settings
 from qcluster.errors import ConfigError
+from qcluster.messages import ClusterClaim
 from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import ListenAddress, is_decimal
 
@@ -57,13 +68,15 @@ def parse_slots(text: str) -> dict[str, int]:
 def master(
     host_auto: Annotated[
         bool,
-        typer.Option("--host-auto", hidden=True,
-                     help="Accepted and ignored: the host is always sized from memory, load "
-                          "and cgroups (see docs/master.md)"),
-    ] = True,
+        typer.Option("--host-auto",
+                     help="Size this host from its memory, load and cgroups, and run the slots "
+                          "the manager plans (the default; see docs/master.md). --slots is the "
+                          "fixed alternative: giving both is an error"),
+    ] = False,
     slots: Annotated[
         str | None,
-        typer.Option("--slots", help="Fixed row without a manager: QUEUE=N,..."),
+        typer.Option("--slots", help="Fixed row without a manager: QUEUE=N,... (instead of "
+                                     "--host-auto)"),
     ] = None,
     manager: Annotated[
         str | None,
@@ -100,65 +113,105 @@ def master(
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     setup_logging(log_level)
     with user_errors():
+        if host_auto and slots is not None:
+            raise UsageError("--host-auto and --slots: give one (--host-auto sizes the host "
+                              "and runs what the manager plans; --slots is a fixed row)")
         settings = settings_for(config, broker_url=broker, app=app, manager_url=manager)
-        supervisor, address = _prepare(settings, slots, host_name, listen, metrics_on,
-                                       config=config, log_level=log_level)
-        code = _run(supervisor, address, settings.manager_url if slots is None else None)
+        supervisor, address, claim = _prepare(settings, slots, host_name, listen, metrics_on,
+                                              config=config, log_level=log_level)
+        manager_url = settings.manager_url if slots is None else None
+        if manager_url:
+            check_manager_broker(manager_url, claim, supervisor.host_name)
+        code = _run(supervisor, address, manager_url, claim)
     raise typer.Exit(code)
 
 
 def _prepare(settings: Settings, slots: str | None, host_name: str | None, listen: str,
              metrics_on: bool, *, config: Path | None = None,
-             log_level: str = "INFO") -> tuple[Supervisor, ListenAddress]:
+             log_level: str = "INFO",
+             ) -> tuple[Supervisor, ListenAddress, ClusterClaim | None]:
     """Everything checked and imported before the first fork; errors are one line."""
-    from qcluster.app import code_version, load_app
+    from qcluster.app import code_version
     from qcluster.master.supervisor import Supervisor
     from qcluster.master.template import TemplateSpec
     from qcluster.security import check_server_security, parse_listen
+    from qcluster.slot import identity
     from qcluster.slot.runtime import run_slot
 
     if not settings.app:
         raise ConfigError("no application: pass --app MODULE or set app in qcluster.toml")
     address = parse_listen(listen)
     check_server_security(address, settings.token, role="master")
+    check_port_free(address.host, address.port, "--listen")
     row = parse_slots(slots) if slots else None
     name = host_name or socket.gethostname()
     if not re.fullmatch(QUEUE_NAME_PATTERN, name):
         raise ConfigError(f"--host-name: {name!r} is not a valid host name for the manager "
                           "(1-128 letters, digits, '_', '.', ':' or '-', starting with a "
                           "letter or digit)")
+    identity.set_identity(name)  # the slots it forks inherit it (process titles, errors)
+    identity.set_title("master", with_generation=False)
     if metrics_on:
         directory = settings.metrics_dir or metrics.default_metrics_dir(name)
         clear_metric_files(Path(directory))
         metrics.prepare_multiprocess_dir(Path(directory), wipe=False)
-    application = load_app(settings.app).with_overrides(settings.queues)
+    application = load_app_checked(settings.app).with_overrides(settings.queues)
     for queue in row or ():
         application.spec(queue)
     preimport_for_slots(settings.broker_url, metrics_on)
-    check_broker(settings)
+    announce_broker(settings, "master")
+    claim = check_broker(settings)
     # A reload's template imports the app as here, re-reading the same configuration.
     spec = TemplateSpec(app=settings.app, config=str(config) if config else None,
                         broker_url=settings.broker_url, state_dir=str(settings.state_dir),
-                        master_pid=0, log_level=log_level, metrics=metrics_on)
+                        master_pid=0, log_level=log_level, metrics=metrics_on,
+                        host_name=name)
     supervisor = Supervisor(application, settings, host_name=name, fixed_row=row,
                             run_slot=run_slot, version=code_version(application, settings.app),
                             template_spec=spec)
-    return supervisor, address
+    return supervisor, address, claim
 
 
-def check_broker(settings: Settings) -> None:
+def check_broker(settings: Settings) -> ClusterClaim | None:
     """Open the broker once before any fork, as every other command does: a Redis that
     evicts keys is refused here with one line (exit 6) instead of by each slot in turn.
-    A broker that cannot be reached is not refused: the slots retry it."""
+    A broker that cannot be reached is not refused: the slots retry it. Returns the
+    broker's cluster identity (None: not reachable now)."""
     from qcluster.broker import open_broker
+    from qcluster.cluster_identity import claim
     from qcluster.errors import BrokerError
 
     try:
         broker = open_broker(settings.broker_url, state_dir=settings.state_dir)
     except BrokerError as exc:
         logger.warning("broker not reachable at start (%s): the slots will retry", exc)
+        return None
+    try:
+        return claim(broker)
+    finally:
+        broker.close()
+
+
+def check_manager_broker(manager_url: str, mine: ClusterClaim | None, host: str) -> None:
+    """Refuse to start (WrongBroker, one line naming both URLs) when the manager works on
+    another broker than this master; a manager not reachable yet is not refused (its
+    reports are, the reporter logs why)."""
+    import httpx
+
+    from qcluster.cluster_identity import WrongBroker, mismatch
+
+    url = manager_url.rstrip("/")
+    try:
+        answer = httpx.get(f"{url}/api/v1/identity", timeout=5.0)
+        answer.raise_for_status()
+        theirs = answer.json().get("cluster")
+        manager = None if theirs is None else ClusterClaim.model_validate(theirs)
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        logger.info("the manager's broker not checked at start (%s): its replies will say", exc)
         return
-    broker.close()
+    refusal = mismatch(manager, mine, who=f"master {host}", manager_url=url)
+    if refusal is not None:
+        raise WrongBroker(refusal)
 
 
 def preimport_for_slots(broker_url: str | None, metrics_on: bool) -> None:
@@ -174,7 +227,8 @@ def preimport_for_slots(broker_url: str | None, metrics_on: bool) -> None:
         importlib.import_module("prometheus_client.multiprocess")
 
 
-def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None) -> int:
+def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None,
+         cluster: ClusterClaim | None = None) -> int:
     from qcluster.master.broker_health import BrokerHealth
     from qcluster.master.http import serve
     from qcluster.master.reporter import Reporter
@@ -189,7 +243,7 @@ def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None)
                 supervisor.reload.code.serving.version)
     if manager_url:
         Reporter(supervisor, manager_url, supervisor.settings.master.report_interval_s,
-                 token=supervisor.settings.token).start()
+                 token=supervisor.settings.token, cluster=cluster).start()
     # Everything imported so far is shared copy-on-write by every slot: keep the GC from
     # touching (and so copying) those objects' pages in the slots.
     gc.collect()

@@ -15,12 +15,22 @@ import httpx
 import psutil
 
 from qcluster.master.supervisor import Supervisor
-from qcluster.messages import Assignment, BatchCounters, HostFacts, HostReport, QueueCounters
+from qcluster.messages import (
+    Assignment,
+    BatchCounters,
+    ClusterClaim,
+    HostFacts,
+    HostReport,
+    QueueCounters,
+)
 
 logger = logging.getLogger(__name__)
+# httpx logs every request at INFO: one line per report (every 2 s) would bury the log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def build_report(sup: Supervisor, interval_s: float, generation: int) -> HostReport:
+def build_report(sup: Supervisor, interval_s: float, generation: int,
+                 cluster: ClusterClaim | None = None) -> HostReport:
     snap = sup.snapshot
     sample = snap.sample
     now = time.time()
@@ -49,6 +59,8 @@ def build_report(sup: Supervisor, interval_s: float, generation: int) -> HostRep
                                    alive_s=alive.get(q, 0.0)) for q in queues},
         generation=generation,
         code=snap.code,
+        cluster=cluster,
+        periodic=dict(sup.app.periodic_jobs),
     )
 
 
@@ -56,8 +68,10 @@ class Reporter:
     """Runs in a daemon thread next to the supervisor loop."""
 
     def __init__(self, sup: Supervisor, manager_url: str, interval_s: float, *,
-                 token: str | None = None) -> None:
+                 token: str | None = None, cluster: ClusterClaim | None = None) -> None:
         self.sup = sup
+        self.cluster = cluster
+        """The broker this master works on: a manager on another one refuses the reports."""
         self.url = manager_url.rstrip("/") + "/api/v1/reports"
         self.interval_s = interval_s
         self.headers = {"Content-Type": "application/json"}
@@ -76,7 +90,7 @@ class Reporter:
                 self.report_once(client)
 
     def report_once(self, client: httpx.Client) -> None:
-        report = build_report(self.sup, self.interval_s, self.generation)
+        report = build_report(self.sup, self.interval_s, self.generation, self.cluster)
         try:
             response = client.post(self.url, content=report.model_dump_json(),
                                    headers=self.headers)
@@ -105,4 +119,9 @@ class Reporter:
 def _hint(exc: Exception) -> str:
     if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 401:
         return " (the manager wants its token: set token / QCLUSTER_TOKEN to the manager's)"
+    if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 409:
+        try:  # the manager works on another broker: its one line says which
+            return f": REFUSED: {exc.response.json().get('detail')}"
+        except (ValueError, AttributeError):
+            return ""
     return ""

@@ -9,7 +9,9 @@ print one clear line and exit with the code of :mod:`qcluster.exitcodes`; no tra
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
@@ -17,13 +19,15 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from qcluster.cli_support import (
+    BrokerInUse,
     BrokerOpt,
     ConfigOpt,
+    UsageError,
     err,
-    open_configured_broker,
+    load_app_checked,
+    open_existing_broker,
     out,
     settings_for,
     user_errors,
@@ -71,10 +75,15 @@ def enqueue(
     file: Annotated[
         Path | None, typer.Option("--file", help="JSON Lines file, one payload per line")
     ] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Enqueue even to a queue the app does not declare")] = False,
     config: ConfigOpt = None,
     broker: BrokerOpt = None,
 ) -> None:
-    """Enqueue jobs: one payload (optionally --count times) or a --file of JSON lines."""
+    """Enqueue jobs: one payload (optionally --count times) or a --file of JSON lines.
+
+    With an app configured (--config / QCLUSTER_APP), a queue it does not declare is
+    refused (exit 2, the closest declared name suggested) unless --force."""
     from rich.progress import Progress
 
     from qcluster.client import Client
@@ -89,11 +98,11 @@ def enqueue(
             raise EnvelopeError("--count must be at least 1")
         check_queue_name(queue)
         check_delay(delay, what="--delay")
-        client = Client(settings.broker_url, state_dir=settings.state_dir,
-                        app=_declaring_app(settings))
-        if client.declares(queue) is False:
-            err.print(f"[yellow]warning:[/yellow] no queue of the app is named "
-                      f"{escape(repr(queue))}: no slot will run these jobs", highlight=False)
+        application = _declaring_app(settings)
+        _check_declared(application, queue, force)
+        # the client's own warning about an undeclared queue would repeat the one above
+        logging.getLogger("qcluster.client").setLevel(logging.ERROR)
+        client = Client(settings.broker_url, state_dir=settings.state_dir, app=application)
         if file is not None:
             total = _count_lines(file)
             items: Iterator[Any] = _read_jsonl(file)
@@ -124,14 +133,26 @@ def enqueue(
         err.print(escape(f"enqueued {done} job(s) to {queue!r}"), highlight=False)
 
 
+def _check_declared(application: Any, queue: str, force: bool) -> None:
+    """Refuse (UsageError) a queue the app does not declare, suggesting the closest name;
+    with --force, say it once and go on. No app: nothing to check against."""
+    if application is None or queue in application.queues:
+        return
+    close = difflib.get_close_matches(queue, sorted(application.queues), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    if not force:
+        raise UsageError(f"no queue of the app is named {queue!r}{hint}: no slot would run "
+                         "these jobs; --force enqueues them anyway")
+    err.print(escape(f"warning: no queue of the app is named {queue!r}{hint}: no slot will "
+                     "run these jobs until one declares it"), highlight=False)
+
+
 def _declaring_app(settings: Settings) -> Any:
     """The configured app (to check queue names and message sizes), or None."""
     if not settings.app:
         return None
-    from qcluster.app import load_app
-
     try:
-        return load_app(settings.app).with_overrides(settings.queues)
+        return load_app_checked(settings.app).with_overrides(settings.queues)
     except QClusterError as exc:
         err.print(f"[yellow]warning:[/yellow] cannot load the app to check the queue: "
                   f"{escape(str(exc))}", highlight=False)
@@ -149,55 +170,78 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-@cli.command()
-def stats(
-    queue: Annotated[str | None, typer.Argument(help="One queue (default: all known)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
-    config: ConfigOpt = None,
-    broker: BrokerOpt = None,
-) -> None:
-    """Ready, locked, delayed and dead counts per queue."""
+# ``stats``, ``dead``, ``job`` and ``purge`` are in qcluster/jobs_cli.py (entry points).
+
+
+# --- the embedded broker's life ------------------------------------------------
+
+broker_cli = typer.Typer(
+    name="broker", no_args_is_help=True,
+    help="The embedded broker of a state directory: is it running, stop it. It starts with "
+         "the first qcluster process that needs it and stops with the last one of those.")
+cli.add_typer(broker_cli)
+
+
+@broker_cli.command("status")
+def broker_status(config: ConfigOpt = None, broker: BrokerOpt = None) -> None:
+    """Whether the broker runs (exit 0) or not (exit 5), and which processes use it."""
+    from qcluster.broker.embedded_life import server_pid, users
+
     settings = settings_for(config, broker_url=broker)
-    queue_broker = open_configured_broker(settings)
-    with user_errors():
-        names = [queue] if queue else sorted(queue_broker.queues())
-        rows = {name: queue_broker.stats(name).model_dump() for name in names}
-        notes = queue_broker.durability()
-        queue_broker.close()
-    if as_json:
-        out.print_json(json.dumps(rows))
-        for note in notes:
-            err.print(f"[yellow]durability:[/yellow] {escape(note)}", highlight=False)
+    queue_broker = open_existing_broker(settings)  # exit 5, one line, when it does not run
+    url = queue_broker.safe_url
+    queue_broker.close()
+    state_dir = _embedded_dir(settings)
+    if state_dir is None:
+        out.print(escape(f"{url}: answers"), highlight=False)
         return
-    table = Table("queue", "ready", "locked", "delayed", "dead")
-    for name, row in rows.items():
-        table.add_row(escape(name), *(str(row[k]) for k in ("ready", "locked", "delayed", "dead")))
-    out.print(table)
-    for note in notes:
-        out.print(f"[yellow]durability:[/yellow] {escape(note)}", highlight=False)
+    pids = users(state_dir)
+    out.print(escape(f"{url}: running (redis-server pid {server_pid(state_dir)}); used by "
+                     + (f"qcluster process(es) {', '.join(map(str, pids))}" if pids
+                        else "no qcluster process (qcluster broker stop stops it)")),
+              highlight=False)
 
 
-@cli.command()
-def dead(
-    queue: Annotated[str, typer.Argument(help="Queue name")],
-    requeue: Annotated[bool, typer.Option(help="Move every dead job back to ready")] = False,
-    limit: Annotated[int, typer.Option(min=0, help="Show at most this many")] = 20,
-    config: ConfigOpt = None,
-    broker: BrokerOpt = None,
+@broker_cli.command("stop")
+def broker_stop(
+    force: Annotated[bool, typer.Option(
+        "--force", help="Stop it even while qcluster processes use it")] = False,
+    config: ConfigOpt = None, broker: BrokerOpt = None,
 ) -> None:
-    """Show the dead-letter jobs of a queue, or requeue them."""
+    """Stop the embedded broker (it saves its data first). Exit 0 when none runs after it;
+    9 when qcluster processes still use it (stop them, or --force)."""
+    from qcluster.broker.embedded import stop_embedded
+    from qcluster.broker.embedded_life import running, users
+
     settings = settings_for(config, broker_url=broker)
-    queue_broker = open_configured_broker(settings)
+    state_dir = _embedded_dir(settings)
     with user_errors():
-        if requeue:
-            moved = queue_broker.requeue_dead(queue)
-            out.print(escape(f"requeued {moved} job(s) of {queue!r}"))
+        if state_dir is None:
+            raise EnvelopeError("qcluster broker stop stops the embedded broker only: this "
+                                "configuration names another broker (--broker / broker_url)")
+        if not running(state_dir):
+            out.print(escape(f"no embedded broker is running in {state_dir.resolve()}"),
+                      highlight=False)
             return
-        jobs = queue_broker.dead_jobs(queue, limit=limit) if limit > 0 else []
-    table = Table("id", "attempts", "reason", "body")
-    for job in jobs:
-        table.add_row(escape(job.id), str(job.attempts), escape(job.reason), escape(job.body[:80]))
-    out.print(table)
+        pids = users(state_dir)
+        if pids and not force:
+            raise BrokerInUse(f"the embedded broker in {state_dir.resolve()} is used by "
+                              f"qcluster process(es) {', '.join(map(str, pids))}: stop them "
+                              "(it stops with the last one), or give --force")
+        stop_embedded(state_dir)
+    out.print(escape(f"stopped the embedded broker in {state_dir.resolve()}"), highlight=False)
+
+
+def _embedded_dir(settings: Settings) -> Path | None:
+    """The embedded broker's state directory, or None when another broker is configured."""
+    from qcluster.broker import EMBEDDED, EMBEDDED_MODULE, EMBEDDED_PREFIX, backend_module
+
+    url = (settings.broker_url or EMBEDDED).strip()
+    with user_errors():
+        if backend_module(url) != EMBEDDED_MODULE:
+            return None
+    path = url.removeprefix(EMBEDDED_PREFIX) if url != EMBEDDED else ""
+    return Path(path or settings.state_dir)
 
 
 # --- role commands, each defined by its role -------------------------------------

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from qcluster import exitcodes
+from qcluster.cluster_identity import WrongBroker
 from qcluster.config import Settings, load_settings
 from qcluster.errors import (
     AppImportError,
@@ -44,12 +45,28 @@ BrokerOpt = Annotated[
     typer.Option("--broker", help="Broker URL (default: $QCLUSTER_BROKER_URL, config, embedded)"),
 ]
 
+class AddressInUse(ConfigError):
+    """A port this process must listen on is taken (exit ADDRESS_IN_USE)."""
+
+
+class UsageError(QClusterError):
+    """The command was given something it cannot do (exit USAGE)."""
+
+
+class BrokerInUse(QClusterError):
+    """``qcluster broker stop`` refused: other qcluster processes use it (exit BROKER_IN_USE)."""
+
+
 _EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (AddressInUse, exitcodes.ADDRESS_IN_USE),
+    (WrongBroker, exitcodes.WRONG_BROKER),
+    (BrokerInUse, exitcodes.BROKER_IN_USE),
     (ConfigError, exitcodes.CONFIG),
     (AppImportError, exitcodes.APP_IMPORT),
     (HandlerNotFound, exitcodes.BOOT_ERROR),
     (BrokerUnavailable, exitcodes.BROKER_CONNECT),
     (EnvelopeError, exitcodes.USAGE),
+    (UsageError, exitcodes.USAGE),
     (InvalidQueueName, exitcodes.USAGE),
     (InvalidDelay, exitcodes.USAGE),
     (QClusterError, exitcodes.FAILURE),
@@ -77,12 +94,125 @@ def setup_logging(level: str = "INFO") -> None:
 
 
 def settings_for(config: Path | None, **overrides: Any) -> Settings:
+    warn_misspelt_variables()
     with user_errors():
         return load_settings(config, **overrides)
 
 
+def warn_misspelt_variables(environ: Any = None) -> list[str]:
+    """One warning line per ``QCLUSTER_*`` variable that is no setting but nearly one
+    (``QCLUSTER_BROKER`` for ``QCLUSTER_BROKER_URL``): it would be ignored in silence.
+    Other ``QCLUSTER_*`` names (a deployment's own, e.g. QCLUSTER_REDIS_PASSWORD) pass."""
+    import difflib
+    import os
+
+    known = {f"QCLUSTER_{name.upper()}" for name in Settings.model_fields} | {"QCLUSTER_CONFIG"}
+    said = []
+    for name in sorted(environ if environ is not None else os.environ):
+        if not name.startswith("QCLUSTER_") or name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+        if close:
+            said.append(f"warning: {name} is not a qcluster setting (did you mean {close[0]}?):"
+                        " it is ignored")
+            err.print(escape(said[-1]), highlight=False, soft_wrap=True)
+    return said
+
+
 def open_configured_broker(settings: Settings) -> Any:
+    """The configured broker; the embedded one is started if it does not run (a producer
+    or a role: this process then counts as one of its users, see embedded_life)."""
     from qcluster.broker import open_broker
 
     with user_errors():
         return open_broker(settings.broker_url, state_dir=settings.state_dir)
+
+
+def open_existing_broker(settings: Settings) -> Any:
+    """For a command that only reads (stats, dead, job...): never starts the embedded
+    broker, and a broker that does not answer is an error (exit BROKER_CONNECT, one line),
+    never an empty answer."""
+    from qcluster.broker import (
+        EMBEDDED,
+        EMBEDDED_MODULE,
+        EMBEDDED_PREFIX,
+        backend_module,
+        open_broker,
+    )
+
+    with user_errors():
+        url = (settings.broker_url or EMBEDDED).strip()
+        if backend_module(url) == EMBEDDED_MODULE:
+            from qcluster.broker.embedded_life import open_running
+
+            path = url.removeprefix(EMBEDDED_PREFIX) if url != EMBEDDED else ""
+            return open_running(Path(path or settings.state_dir))
+        broker = open_broker(url, state_dir=settings.state_dir)
+        try:
+            broker.ping()
+        except BaseException:
+            broker.close()
+            raise
+        return broker
+
+
+def announce_broker(settings: Settings, role: str) -> None:
+    """Say loudly which broker a role uses when none is configured: every process of a
+    cluster must use the same one, and the embedded broker is this directory's alone."""
+    if settings.broker_url:
+        return
+    logging.getLogger(f"qcluster.{role}").warning(
+        "no broker configured (--broker, QCLUSTER_BROKER_URL or broker_url in qcluster.toml): "
+        "this %s uses the EMBEDDED broker in %s, which only processes started with the same "
+        "state directory share", role, Path(settings.state_dir).resolve())
+
+
+def check_port_free(host: str, port: int, flag: str) -> None:
+    """Refuse, in one line naming the flag to change, an address another process holds
+    (the server itself binds right after; this only turns the usual traceback into words)."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise AddressInUse(f"{host}:{port} is already in use (another qcluster "
+                                   f"process?): choose another port with {flag}") from None
+            raise ConfigError(f"{flag}: cannot listen on {host}:{port}: "
+                              f"{exc.strerror or exc}") from None
+
+
+def load_app_checked(target: str) -> Any:
+    """:func:`qcluster.app.load_app` whose every failure is one line (AppImportError):
+    a syntax error names file:line, an exception raised by the module names its type and
+    the app's line, a missing attribute names what the module has."""
+    import sys
+    import traceback
+
+    from qcluster.app import App, load_app
+
+    module_name, _, attr = target.partition(":")
+    try:
+        return load_app(target)
+    except SyntaxError as exc:
+        raise AppImportError(f"cannot import app module {module_name!r}: {exc.filename}:"
+                             f"{exc.lineno}: {exc.msg}") from None
+    except AppImportError:
+        module = sys.modules.get(module_name)
+        if module is None or hasattr(module, attr or "app"):
+            raise
+        apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
+        raise AppImportError(f"module {module_name!r} has no attribute {attr or 'app'!r} "
+                             f"(qcluster.App objects in it: {', '.join(apps) or 'none'})"
+                             ) from None
+    except Exception as exc:  # the module raised while importing: say where, in one line
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = next((f"{f.filename}:{f.lineno}: " for f in reversed(frames)
+                      if "importlib" not in f.filename), "")
+        message = " ".join(str(exc).split())
+        raise AppImportError(f"cannot import app module {module_name!r}: {where}"
+                             f"{type(exc).__name__}: {message}") from None

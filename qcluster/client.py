@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from qcluster.broker import Broker, DeadJob, open_broker
 from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, check_delay, encode_new_jobs
+from qcluster.jobs import JobInfo
 from qcluster.names import check_queue_name
 
 if TYPE_CHECKING:
-    from qcluster.app import App
+    from qcluster.app import App, QueueSpec
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,14 @@ class Client:
 
     ``app`` (optional): the application whose queues this producer feeds. With it, a
     job is refused above its queue's ``max_message_bytes`` and enqueueing to a queue
-    the app does not declare logs a warning (once per queue). Without it, messages
-    are limited to ``max_message_bytes`` (1 MiB by default).
+    the app does not declare logs a warning (once per queue).
+
+    Without it, a queue's policies are those of an app that declares it: one this process
+    created (imported), else the settings' ``app`` (``QCLUSTER_APP``, ``qcluster.toml``) if
+    it imports. A queue is declared as those policies say (on RabbitMQ its type is fixed by
+    whoever declares it first); a queue no app known here declares is declared as the
+    broker URL says (``?queue_type=``, else classic) and its messages are limited to
+    ``max_message_bytes`` (1 MiB by default). docs/operations.md, "Quorum queues".
     """
 
     def __init__(
@@ -45,20 +52,43 @@ class Client:
         self.broker: Broker = open_broker(settings.broker_url, state_dir=settings.state_dir)
         self.max_message_bytes = max_message_bytes
         self.app = app
+        self._settings_app = settings.app
+        """The settings' app (imported only when no app of this process declares a queue)."""
         self._warned: set[str] = set()
+        self._specs: dict[str, QueueSpec | None] = {}
+        """Each queue's declaration as found (None: no app known here declares it)."""
         if app is not None:
-            self._declare_as_policies_say(app)
+            for spec in app.queues.values():
+                self._declare_as_policy_says(spec)
 
-    def _declare_as_policies_say(self, app: App) -> None:
+    def _declare_as_policy_says(self, spec: QueueSpec) -> None:
         """On RabbitMQ a queue's type is fixed by whoever declares it first, which may be
-        this producer: it declares the app's queues as their policies say (``queue_type``,
-        a quorum queue's delivery limit from ``max_attempts``). Other brokers have no such
-        option."""
+        this producer: it declares the queue as its policy says (``queue_type``, a quorum
+        queue's delivery limit from ``max_attempts``). Other brokers have no such option."""
+        self._specs[spec.name] = spec
         tell = getattr(self.broker, "set_queue_options", None)
-        if tell is None:
-            return
-        for name, spec in app.queues.items():
-            tell(name, queue_type=spec.policy.queue_type, max_attempts=spec.policy.max_attempts)
+        if tell is not None:
+            tell(spec.name, queue_type=spec.policy.queue_type,
+                 max_attempts=spec.policy.max_attempts)
+
+    def _spec(self, queue: str) -> QueueSpec | None:
+        """The declaration of ``queue`` this producer follows, found once per queue: the
+        ``app`` given, else an app of this process, else the settings' app."""
+        if queue in self._specs:
+            return self._specs[queue]
+        from qcluster.app import LIVE_APPS
+
+        spec = None
+        if self.app is None:
+            spec = next((app.queues[queue] for app in list(LIVE_APPS) if queue in app.queues),
+                        None)
+            if spec is None and self._settings_app:
+                spec = _settings_app_spec(self._settings_app, queue)
+        if spec is None:
+            self._specs[queue] = None
+        else:
+            self._declare_as_policy_says(spec)
+        return spec
 
     def enqueue(
         self, queue: str, payload: Any, *, delay: float = 0.0, headers: dict[str, str] | None = None
@@ -82,6 +112,7 @@ class Client:
         """
         check_queue_name(queue)
         delay = check_delay(delay)
+        self._spec(queue)
         messages = encode_new_jobs(queue, payloads, enqueued_at=time.time(),
                                    random_bytes=os.urandom, headers=headers,
                                    max_bytes=self._max_bytes(queue))
@@ -96,11 +127,11 @@ class Client:
     def _max_bytes(self, queue: str) -> int:
         if self.max_message_bytes is not None:
             return self.max_message_bytes
-        if self.app is None:
+        spec = self._spec(queue)
+        if spec is None and self.app is None:
             return DEFAULT_MAX_MESSAGE_BYTES
-        spec = self.app.queues.get(queue)
         if spec is None:
-            if queue not in self._warned:
+            if self.app is not None and queue not in self._warned:
                 self._warned.add(queue)
                 logger.warning(
                     "enqueue to %r: no queue of app %r has that name, so no slot will run "
@@ -120,6 +151,17 @@ class Client:
     def requeue_dead(self, queue: str) -> int:
         return self.broker.requeue_dead(queue)
 
+    def job(self, job_id: str, *, queue: str | None = None) -> JobInfo:
+        """Where job ``job_id`` is and since when (state ``unknown`` when no queue
+        holds it, nor a record of it: finished jobs are remembered for their queue's
+        ``keep_finished_s``). ``queue``: look in that queue only."""
+        found = self.broker.job(job_id, queues=None if queue is None else [queue])
+        if found is None:
+            return JobInfo(id=job_id, queue=queue, state="unknown",
+                           note="no queue holds it (finished jobs are remembered for their "
+                                "queue's keep_finished_s only)")
+        return found
+
     def purge(self, queue: str) -> int:
         return self.broker.purge(queue)
 
@@ -134,3 +176,23 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _settings_app_spec(target: str, queue: str) -> QueueSpec | None:
+    """``queue``'s declaration in the settings' app; None when the app does not declare it
+    or cannot be imported here (a producer often runs without the workers' code: logged
+    once)."""
+    from qcluster.app import load_app
+    from qcluster.errors import AppImportError
+
+    try:
+        return load_app(target).queues.get(queue)
+    except AppImportError as exc:
+        if target not in _unimportable:
+            _unimportable.add(target)
+            logger.info("queues are declared as the broker URL says, not as app %s says: %s",
+                        target, exc)
+        return None
+
+
+_unimportable: set[str] = set()

@@ -26,6 +26,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -220,7 +221,9 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     try:
         return Settings(**explicit)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path)) from exc
+        raise ConfigError(_describe(exc, path)) from None
+    except SettingsError as exc:  # an environment variable that is not JSON where JSON is due
+        raise ConfigError(_describe_unparsable(exc)) from None
     finally:
         Settings._toml_file = None
 
@@ -244,11 +247,42 @@ SECRET_FIELDS = frozenset({"token", "tokens"})
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:
-    where = str(path) if path else "settings (environment / flags)"
-    lines = [f"invalid configuration in {where}:"]
+    """One line: where, then each bad field with its reason (``; ``-separated)."""
+    problems = []
     for error in exc.errors():
         loc = error.get("loc", ())
         field = ".".join(str(p) for p in loc) or "(root)"
         got = "a secret, not shown" if loc and loc[0] in SECRET_FIELDS else repr(error.get("input"))
-        lines.append(f"  {field}: {_reason(error.get('msg', ''))} (got {got})")
-    return "\n".join(lines)
+        problems.append(f"{field}{_field_source(loc)}: "
+                        f"{_reason(error.get('msg', ''))} (got {got})")
+    where = str(path) if path else "settings (environment / flags)"
+    return f"invalid configuration in {where}: " + "; ".join(problems)
+
+
+def _field_source(loc: tuple[Any, ...]) -> str:
+    """`` (QCLUSTER_X)`` when the environment sets the field's top-level variable: the user
+    reads which variable to fix, not only the field's name."""
+    if not loc:
+        return ""
+    variable = f"QCLUSTER_{str(loc[0]).upper()}"
+    return f" (from {variable})" if variable in os.environ else ""
+
+
+def _describe_unparsable(exc: SettingsError) -> str:
+    """pydantic-settings' 'error parsing value for field "tokens" from source ...' as the
+    variable to fix and what it must hold (its value is never repeated: it may be secret)."""
+    field = str(exc).partition('field "')[2].partition('"')[0] or "?"
+    variable = f"QCLUSTER_{field.upper()}"
+    return (f"invalid configuration: {variable} is not valid JSON (it must be a JSON "
+            f"{'object' if field in DICT_FIELDS else 'value'}, e.g. "
+            f"{DICT_FIELDS.get(field, '...')})")
+
+
+#: The settings an environment variable gives as a JSON object, with an example each.
+DICT_FIELDS = {
+    "tokens": """'{"ops": "SECRET"}'""",
+    "queues": """'{"emails": {"batch_size": 10}}'""",
+    "periodic": """'{"nightly": {"queue": "reports", "cron": "0 3 * * *"}}'""",
+    "master": """'{"max_slots": 16}'""",
+    "manager": """'{"interval_s": 2}'""",
+}

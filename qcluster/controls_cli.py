@@ -1,13 +1,15 @@
 """``qcluster pause|resume QUEUE``, ``qcluster drain|undrain HOST``, ``qcluster controls``,
-``qcluster reload [HOST] [--all] [--wait]``: the manager's controls from the command line,
-through its HTTP API.
+``qcluster reload [HOST] [--all] [--wait]``, ``qcluster login``: the manager's controls from
+the command line, through its HTTP API.
 
 The manager keeps every control in the broker (a restart keeps them) and records who set
 it: the name of the token sent (``token`` / ``QCLUSTER_TOKEN``; never on the command line,
 where ``ps`` would show it). Registered as entry points of ``qcluster.commands``.
 
 Exit codes (docs/operations.md, "Pause, resume, drain" and "Deploying new code"): 0 done;
-2 a name outside the queue-name rule; 6 no token configured; 10 the manager is unreachable
+2 a name outside the queue-name rule; 6 no token configured (and no local token the manager
+takes: a manager on this machine with none configured writes one to its state directory,
+which these commands read when the manager's URL is loopback); 10 the manager is unreachable
 or failed (the broker did not store the change: 503); 11 the manager refused the token
 (401); ``reload``: 12 refused (no such host, a reload already running), 13 a host failed
 to load the new code (the rollout stopped), 14 a host was skipped or ``--wait`` gave up.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit
 
 import httpx
 import typer
@@ -26,9 +29,12 @@ from rich.table import Table
 
 from qcluster import exitcodes
 from qcluster.cli_support import ConfigOpt, err, out, settings_for, user_errors
+from qcluster.config import Settings
 from qcluster.controls import utc_text
 from qcluster.errors import ConfigError
+from qcluster.local_token import read_local_token, token_path
 from qcluster.names import check_queue_name
+from qcluster.security import is_loopback
 
 #: The manager could not be reached, or answered with a server error.
 MANAGER_UNREACHABLE = 10
@@ -79,6 +85,15 @@ def undrain(host: HostArg, manager: ManagerOpt = None, config: ConfigOpt = None)
     """Plan slots on HOST again."""
     _post(config, manager, f"/api/v1/hosts/{_name(host)}/undrain")
     out.print(escape(f"host {host} undrained"), highlight=False)
+
+
+def login(manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
+    """Print a one-time link that signs a browser in to the admin page (valid 10 minutes,
+    once): its buttons then work without pasting the token."""
+    settings = settings_for(config, manager_url=manager)
+    reply = _post(config, manager, "/api/v1/login")
+    base = (settings.manager_url or DEFAULT_MANAGER_URL).rstrip("/")
+    out.print(escape(f"{base}{reply.get('path')}"), highlight=False, soft_wrap=True)
 
 
 def controls(
@@ -190,12 +205,16 @@ def _request(config: Any, manager: str | None, method: str, path: str, *,
     settings = settings_for(config, manager_url=manager)
     url = (settings.manager_url or DEFAULT_MANAGER_URL).rstrip("/")
     headers = {}
-    if settings.token:
-        headers["Authorization"] = f"Bearer {settings.token}"
+    token = _token(settings, url)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     elif needs_token:
         with user_errors():
-            raise ConfigError("no token: set `token` in qcluster.toml or QCLUSTER_TOKEN to the "
-                              "manager's token (or one of its named tokens)")
+            raise ConfigError(
+                "no token: set `token` in qcluster.toml or QCLUSTER_TOKEN to the manager's "
+                "token (or one of its named tokens); a manager on this machine without one "
+                f"writes a local token to {token_path(settings.state_dir)} (run this command "
+                "in the directory it was started in)")
     try:
         response = httpx.request(method, url + path, headers=headers, timeout=TIMEOUT_S)
         if retry and response.status_code >= 500:
@@ -204,6 +223,11 @@ def _request(config: Any, manager: str | None, method: str, path: str, *,
         if retry:
             raise
         _fail(MANAGER_UNREACHABLE, f"the manager at {url} is unreachable: {exc}")
+    if response.status_code == 401 and token and not settings.token:
+        _fail(exitcodes.CONFIG, f"no token configured, and the manager at {url} refused the "
+                                f"local token of {token_path(settings.state_dir)} (it was "
+                                "started in another directory, or with a token): set `token` "
+                                "in qcluster.toml or QCLUSTER_TOKEN to the manager's token")
     if response.status_code == 401:
         _fail(TOKEN_REFUSED, f"the manager at {url} refused the token: set `token` / "
                              "QCLUSTER_TOKEN to the manager's token")
@@ -216,6 +240,21 @@ def _request(config: Any, manager: str | None, method: str, path: str, *,
         return response.json()
     except ValueError:
         _fail(MANAGER_UNREACHABLE, f"{url} answered something that is not a qcluster manager")
+
+
+def _token(settings: Settings, url: str) -> str | None:
+    """The configured token; else, for a manager on this machine, the local token its
+    first start wrote to the state directory (never sent to another machine)."""
+    if settings.token:
+        return settings.token
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return None
+    if not is_loopback(host):
+        return None
+    with user_errors():
+        return read_local_token(settings.state_dir)
 
 
 def _detail(response: httpx.Response) -> str:

@@ -1,4 +1,7 @@
-"""Exit codes shared by slots and the master; each one means one thing."""
+"""Exit codes of every qcluster command; each one means one thing.
+
+``qcluster pause|resume|drain|undrain|reload|controls`` add 10-14 (qcluster.controls_cli).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +21,13 @@ APP_IMPORT = 4
 BROKER_CONNECT = 5
 #: Configuration is invalid: nothing was started.
 CONFIG = 6
+#: An address to listen on is taken: the message names the flag that changes it.
+ADDRESS_IN_USE = 7
+#: This process and the manager use different brokers (the cluster identity stored in
+#: each broker differs): one line names both URLs, masked.
+WRONG_BROKER = 8
+#: ``qcluster broker stop`` refused: other qcluster processes use the embedded broker.
+BROKER_IN_USE = 9
 #: The slot's private memory (Private_Dirty) passed its limit; it finished its batch
 #: and exited so the master can fork a fresh copy from the clean pre-imported image.
 RECYCLE = 75

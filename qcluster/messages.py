@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
+from qcluster.periodic import PeriodicSpec
 from qcluster.policy import QUEUE_NAME_PATTERN, QueuePolicy
 
 SCHEMA_VERSION = 1
@@ -222,6 +223,14 @@ class CodeInfo(_Msg):
     """Slots still running an older generation (0 once a rolling reload is done)."""
 
 
+class ClusterClaim(_Msg):
+    """Which broker a process works on: the cluster identity stored in it (written once by
+    the first manager or master, qcluster.cluster_identity) and its masked URL to name it."""
+
+    id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
+    broker: Annotated[str, StringConstraints(max_length=1000)]
+
+
 class HostReport(_Msg):
     """Every field bounded and finite: the manager plans with these numbers."""
 
@@ -241,6 +250,12 @@ class HostReport(_Msg):
     """Generation of the row the master is applying (0: none received yet)."""
     code: CodeInfo = CodeInfo()
     """The code the slots run and the state of its reload."""
+    cluster: ClusterClaim | None = None
+    """The broker the master works on (None: not read yet); the manager refuses a report
+    from another broker than its own (409)."""
+    periodic: Annotated[dict[Name, PeriodicSpec], Field(max_length=MAX_QUEUES)] = {}
+    """The app's ``@app.periodic`` declarations: the manager runs them without importing
+    the app (manager/learned_periodic.py)."""
 
 
 class Assignment(_Msg):

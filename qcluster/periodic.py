@@ -237,6 +237,6 @@ class PeriodicJobView(BaseModel):
 
 
 def job_id(name: str, tick_ms: int) -> str:
-    """The id of the job one tick enqueues: the same in every manager, so a duplicate
-    (which the claim prevents) would at least be recognisable."""
+    """The id of the job one tick enqueues: the same in every manager and every try, so
+    that a tick published again is the same job (``Broker.publish_tick``)."""
     return f"periodic.{name}.{tick_ms}"

@@ -19,6 +19,8 @@ MAX_SLOTS = 100_000
 MAX_DURATION_S = 7 * 86_400.0
 DEFAULT_LOCK_TIMEOUT = 60.0
 DEFAULT_BATCH_TIMEOUT = 30.0
+#: A queue's warm slot outlives its last job by this much (KEDA's cooldownPeriod default).
+DEFAULT_IDLE_S = 300.0
 #: The master kills a hung slot at its batch deadline; the kill takes time (the master's
 #: loop, the signal, a busy machine). A job's lock must outlast the deadline by this much,
 #: or a second slot could take the job while the first still runs it.
@@ -31,6 +33,11 @@ DEFAULT_DEAD_MAX_AGE = 14 * 86_400.0
 MAX_DEAD_COUNT = 1_000_000
 MAX_DEAD_AGE_S = 365 * 86_400.0
 MIN_DEAD_AGE_S = 1.0
+#: Finished-job records (job lookup): kept this long by default, at most this long, and at
+#: most about this many per queue.
+DEFAULT_KEEP_FINISHED_S = 300.0
+MAX_KEEP_FINISHED_S = 7 * 86_400.0
+FINISHED_MAX_COUNT = 100_000
 #: The most jobs an async per-job handler awaits at once (as many as the largest batch).
 MAX_CONCURRENCY = 2_000
 #: A derived pair sits exactly on the rule: let float rounding not refuse it.
@@ -86,6 +93,10 @@ class QueuePolicy(BaseModel):
     """A slot whose Private_Dirty passes this recycles itself after its batch."""
     target_wait: float | None = Field(None, gt=0, le=MAX_DURATION_S)
     """Optional: seconds within which a backlog should drain (raises planned slots)."""
+    idle_s: float = Field(DEFAULT_IDLE_S, ge=0, le=MAX_DURATION_S)
+    """Seconds a queue that had work keeps one warm slot after its last job before it goes
+    to zero (its next job then waits for no fork); 0: released as soon as it is idle.
+    ``min_slots`` stays the floor."""
     est_job_seconds: float = Field(0.05, gt=0, le=MAX_DURATION_S)
     """Assumed job time before any job of the queue has been measured."""
     max_message_bytes: int = Field(1 << 20, ge=64, le=1 << 30)
@@ -99,6 +110,9 @@ class QueuePolicy(BaseModel):
     when another job of the queue is dead-lettered."""
     dead_max_age: float = Field(DEFAULT_DEAD_MAX_AGE, ge=MIN_DEAD_AGE_S, le=MAX_DEAD_AGE_S)
     """Seconds a dead letter is kept (1 s to 365 days; default 14 days)."""
+    keep_finished_s: float = Field(DEFAULT_KEEP_FINISHED_S, ge=0, le=MAX_KEEP_FINISHED_S)
+    """Seconds a finished job's record (when it finished, how long it ran) is kept for
+    ``qcluster job ID`` (0: none; default 5 minutes; at most about 100,000 per queue)."""
     concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
     """Async per-job handlers (``app.job_queue`` with ``async def``) only: at most this many
     of a batch's jobs are awaited at once (1 to 2,000). Default (None): the whole batch,

@@ -25,6 +25,8 @@ from qcluster.app import App, QueueSpec
 from qcluster.broker import Broker, Settlement, open_broker
 from qcluster.channel import Channel
 from qcluster.errors import BrokerError, EnvelopeError
+from qcluster.failures import JobError
+from qcluster.hooks import Failure
 from qcluster.job import JSON_CONTENT_TYPE, Delivery, Job, decode_envelope
 from qcluster.messages import (
     BatchCounters,
@@ -40,8 +42,10 @@ from qcluster.messages import (
     StopSlot,
     SwitchQueue,
 )
+from qcluster.slot import identity
 from qcluster.slot.aio import run_async_batch
-from qcluster.slot.settle import dead_retention, give_back_settlement, settle_batch
+from qcluster.slot.failure_report import FailureReporter
+from qcluster.slot.settle import dead_retention, give_back_settlement, settle_batch, taken_out
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +96,12 @@ class SlotRunner:
         self.should_stop = False
         self.rand = random.Random()
         self.metrics = _SlotMetrics(self.slot_label) if metrics.multiprocess_enabled() else None
+        self.failures = FailureReporter(
+            self.slot_label, identity.host, app.failure_hooks,
+            count=self.metrics.count_failures if self.metrics else None)
+        self._failed: list[Failure] = []
+        """Failures of the batch that just ran, reported once it is done (a successful
+        batch never fills it)."""
         self._last_sent = 0.0
         self._fast_batches = False
         self._one_at_a_time = False
@@ -121,9 +131,11 @@ class SlotRunner:
         signal.signal(signal.SIGTERM, self.handle_stop_signal)
         signal.signal(signal.SIGINT, self.handle_stop_signal)
         self._send(SlotHello(slot_no=int(self.slot_label), pid=os.getpid(), queue=self.queue))
+        identity.set_title("slot", self.queue)
         try:
             return self._loop()
         finally:
+            self.failures.flush()
             self._flush()
             self._leave(self.queue)
             if self.metrics:
@@ -210,7 +222,11 @@ class SlotRunner:
             settlement.postpone += part.postpone
             settlement.dead += part.dead
             settlement.refused += part.refused
+            if part.errors:
+                settlement.errors.update(part.errors)
             self._send(BatchDone(queue=self.queue, counters=counters))
+            if self._failed:
+                self._report_failures(taken)
         if defer_settle:
             self._pending = settlement
         else:
@@ -316,6 +332,9 @@ class SlotRunner:
             refused = {id(d) for d, why in rejected if why.startswith(TAKEN)}
             settlement.refused = [item for item in settlement.dead if id(item[0]) in refused]
             settlement.dead = [item for item in settlement.dead if id(item[0]) not in refused]
+        if counters.done != len(jobs):  # some job did not simply succeed: any exception?
+            self._failed += self.failures.collect(self.queue, jobs, settlement,
+                                                  self.spec.policy, time.time())
         if first >= 0 and jobs:
             self._mark_outcomes(jobs, deliveries, first, len(settlement.ack))
         if self.metrics:
@@ -347,9 +366,7 @@ class SlotRunner:
             if delivery.attempts > policy.max_attempts:
                 # Taken more often than allowed without ever being settled: its slots
                 # died or hung on it. Running it again would likely kill this one too.
-                rejected.append((delivery, f"{TAKEN} {delivery.attempts} times without "
-                                 f"settling, ran {delivery.attempts - 1} times "
-                                 f"(max_attempts {policy.max_attempts})"))
+                rejected.append((delivery, taken_out(delivery.attempts, policy)))
                 continue
             jobs.append(job)
         return jobs, rejected, malformed
@@ -392,8 +409,15 @@ class SlotRunner:
         connection). A failure leaves them to their lock expiry, as before."""
         try:
             policy = self.app.spec(command.queue).policy
+            now = time.time()
             settlement = give_back_settlement(command.jobs, command.receipt, policy,
-                                              rand=self.rand.random, now=time.time())
+                                              rand=self.rand.random, now=now)
+            died = [delivery for delivery in settlement.crashed]
+            died += [delivery for delivery, why in settlement.dead if why.startswith(DIED)]
+            for delivery in died:  # what is known of them: their slot died running them
+                settlement.errors[delivery.id] = JobError.bounded(
+                    type="SlotDied", message=DIED, traceback="", host=identity.host,
+                    slot="", attempt=delivery.attempts, at=now)
             self.broker.settle(command.queue, settlement)
         except Exception as exc:  # never die of it: the locks expire
             logger.warning("slot %s: could not give back a dead slot's %d jobs of %s: %s",
@@ -406,6 +430,14 @@ class SlotRunner:
                     len(settlement.release), len(settlement.crashed), len(settlement.dead),
                     len(settlement.ack_held), len(settlement.postpone))
 
+    def _report_failures(self, taken: float) -> None:
+        """Log, count and hand to the hooks what failed in the batch that just ran; the
+        hooks get at most what is left of the take's lock (less the kill margin)."""
+        failed, self._failed = self._failed, []
+        policy = self.spec.policy
+        budget = policy.lock_timeout - policy.kill_margin - (time.monotonic() - taken)
+        self.failures.report(failed, budget)
+
     def _run_handler(self, jobs: list[Job]) -> float:
         started = time.perf_counter()
         try:
@@ -415,11 +447,7 @@ class SlotRunner:
                     result = run_async_batch(self.spec, jobs, result)
                 if result is not None:
                     _refuse_result(result)
-        except Exception as exc:  # the handler's failure is the jobs' outcome, not ours
-            logger.warning(
-                "slot %s: handler for %s raised %s: %s",
-                self.slot_label, self.queue, type(exc).__name__, exc,
-            )
+        except Exception as exc:  # the handler's failure is the jobs' outcome (logged after)
             for job in jobs:
                 if job.outcome is None:
                     job.mark_error(exc)
@@ -454,6 +482,7 @@ class SlotRunner:
                 self._per_job = _runs_each_job(self.spec)
                 self._tell_broker_policy()
                 self._retention = dead_retention(self.spec.policy)
+                identity.set_title("slot", self.queue)
                 logger.info("slot %s: switched to %s", self.slot_label, command.queue)
         if self.channel.closed:
             self.should_stop = True  # the master is gone: never run unsupervised
@@ -466,6 +495,7 @@ class SlotRunner:
             return False
         # Jitter so that slots forked together do not all recycle in the same second.
         self._next_memory_check = now + MEMORY_CHECK_INTERVAL_S * (0.5 + self.rand.random())
+        self.failures.tick(now)  # (here: once a second or so, off the per-batch path)
         from qcluster.procfs import read_memory
 
         sample = read_memory("self")
@@ -486,6 +516,7 @@ class SlotRunner:
 
 TAKEN = "taken"
 """How the reason of a job refused for too many takes starts (see _decode)."""
+DIED = "its slot died while running it"
 
 
 def _runs_each_job(spec: QueueSpec) -> bool:
@@ -608,10 +639,6 @@ class _SlotMetrics:
 
     def observe(self, queue: str, jobs: Sequence[Job], counters: BatchCounters) -> None:
         self._for(queue).add(jobs, counters)
-        if counters.done < len(jobs):  # some job did not simply succeed: look for errors
-            for job in jobs:
-                if job.outcome == "error":
-                    self.defs.failures.labels(queue, job.error.split(":", 1)[0]).inc()
         if time.monotonic() >= self._next_write:
             self.write()
 
@@ -621,8 +648,23 @@ class _SlotMetrics:
             figures.write()
         self._next_write = time.monotonic() + METRICS_WRITE_INTERVAL_S
 
+    def count_failures(self, queue: str, exception: str, jobs: int) -> None:
+        """``jobs`` failed by an ``exception`` (a bounded label, see failure_report)."""
+        self.defs.failures.labels(queue, exception).inc(jobs)
+
     def private_dirty(self, queue: str, value: int) -> None:
         self._for(queue).dirty_child.set(value)
+
+
+def _drop_durability_note(record: logging.LogRecord) -> bool:
+    return record.funcName != "_warn_once"
+
+
+def _leave_durability_notes_to_the_master() -> None:
+    """The broker's durability notes ("no persistence: a restart loses every job") are
+    logged once by the master, not again by each slot it forks (a reload's template
+    forks from a process that never logged them)."""
+    logging.getLogger("qcluster.broker.redis_broker").addFilter(_drop_durability_note)
 
 
 def run_slot(
@@ -642,6 +684,8 @@ def run_slot(
     """
     if slot_no is not None:
         metrics.use_slot_identity(slot_no)
+    if channel is not None:
+        _leave_durability_notes_to_the_master()
     try:
         broker = open_broker(broker_url, state_dir=state_dir)
     except BrokerError as exc:

@@ -113,7 +113,7 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def queue_name(request: pytest.FixtureRequest) -> str:
-    """A queue name no other test (or engineer) uses at the same time."""
+    """A queue name no other test (or test run) uses at the same time."""
     return f"t-{request.node.name[:30]}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
 
 

@@ -8,10 +8,13 @@
   if (!seconds) { return; }
 
   function typing() {
-    // Never wipe what an operator is typing (the token field of the requeue form).
-    var inputs = document.querySelectorAll("#live input");
+    // Never wipe what an operator is typing (a token field, a filter being changed); a
+    // filter already applied holds the value it was rendered with, and refreshes go on.
+    var inputs = document.querySelectorAll("#live input:not([type=hidden])");
     for (var i = 0; i < inputs.length; i++) {
-      if (inputs[i].value || inputs[i] === document.activeElement) { return true; }
+      if (inputs[i].value !== inputs[i].defaultValue || inputs[i] === document.activeElement) {
+        return true;
+      }
     }
     return false;
   }

@@ -1,7 +1,9 @@
 """Writes the generated example traces: ``python examples/traces/generate.py``.
 
 diurnal.json: a day compressed into 24 minutes (one simulated minute per hour), four
-queues whose rates follow the day with their own peaks. large_150x40.json: the seed's
+queues whose rates follow the day with their own peaks. cold_start_40.json, quiet_queues.json,
+periodic.json, diurnal_slack.json: many queues from cold, quiet queues, periodic jobs, and
+a day of six queues on which slack is judged. large_150x40.json: the seed's
 scale, 150 queues on 40 hosts over a real 24 h, each queue's rate following the day,
 planned every 10 s (the benchmark ``python -m bench --only simulator`` runs it).
 """
@@ -66,8 +68,73 @@ def large(seed: int = 14) -> dict[str, Any]:
                        {"at_s": 33600, "host": "h07", "event": "return"}]}
 
 
+def cold_start(seed: int = 27) -> dict[str, Any]:
+    """Forty queues with flat rates start at once from zero slots (a first deploy, a full
+    outage) on ten hosts of 16 slots; their work at the target utilization is about 56% of
+    the slots."""
+    rand = random.Random(seed)
+    queues = {}
+    for i in range(40):
+        job_s = rand.choice([0.02, 0.05, 0.1, 0.2, 0.5])
+        work = rand.uniform(0.5, 3.1)  # slot-seconds per second: 72 in all, on average
+        policy: dict[str, Any] = {"priority": rand.randint(0, 9), "max_slots": 40,
+                                  "batch_size": rand.choice([1, 10, 50])}
+        if rand.random() < 0.6:
+            policy["target_wait"] = rand.choice([5, 10, 30])
+        queues[f"c{i:02d}"] = {"policy": policy, "rate": [[0.0, round(work / job_s, 2)]],
+                               "job_time": {"mean_s": job_s}}
+    return {"duration_s": 900, "hosts": {f"h{i}": {"slots": 16} for i in range(10)},
+            "queues": queues}
+
+
+def quiet(seed: int = 28) -> dict[str, Any]:
+    """Twenty quiet queues, a job every 2 to 30 s each, for half an hour."""
+    rand = random.Random(seed)
+    queues = {}
+    for i in range(20):
+        every = rand.uniform(2.0, 30.0)
+        policy: dict[str, Any] = {"priority": rand.randint(0, 5)}
+        if rand.random() < 0.5:
+            policy["target_wait"] = rand.choice([5, 10, 30])
+        queues[f"q{i:02d}"] = {"policy": policy, "rate": [[0.0, round(1 / every, 4)]],
+                               "job_time": {"mean_s": rand.choice([0.05, 0.2, 0.5])}}
+    return {"duration_s": 1800, "hosts": {f"h{i}": {"slots": 16} for i in range(2)},
+            "queues": queues}
+
+
+def periodic() -> dict[str, Any]:
+    """Periodic jobs beside a steady queue: a report of 20 two-second jobs every 15
+    minutes (ticks further apart than a queue's idle period), a cleanup every minute."""
+    queues = {
+        "reports": {"policy": {"target_wait": 30}, "every_s": 900.0, "tick_jobs": 20,
+                    "job_time": {"mean_s": 2.0}},
+        "cleanup": {"policy": {"target_wait": 10}, "every_s": 60.0,
+                    "job_time": {"mean_s": 0.5}},
+        "api": {"policy": {"priority": 5, "target_wait": 2}, "rate": [[0.0, 40.0]],
+                "job_time": {"mean_s": 0.05}},
+    }
+    return {"duration_s": 3600, "hosts": {"h0": {"slots": 16}}, "queues": queues}
+
+
+def diurnal_slack() -> dict[str, Any]:
+    """A day of six queues (one simulated minute per hour) at the default target
+    utilization, each with a target wait: the trace slack is judged on."""
+    spec = [("api", 9, 2, 600, 0.02, 14), ("search", 7, 2, 300, 0.03, 11),
+            ("thumbs", 5, 10, 200, 0.05, 20), ("mail", 3, 30, 120, 0.05, 9),
+            ("index", 1, 60, 40, 0.2, 16), ("export", 0, 120, 12, 0.5, 3)]
+    queues = {}
+    for name, priority, target, peak, job_s, hour in spec:
+        queues[name] = {"policy": {"priority": priority, "max_slots": 60, "target_wait": target},
+                        "rate": day_curve(peak, hour, 60.0), "shape": "linear",
+                        "job_time": {"mean_s": job_s}}
+    return {"duration_s": 1440, "hosts": {f"h{i}": {"slots": 20} for i in range(4)},
+            "queues": queues}
+
+
 def main() -> None:
-    for name, trace in (("diurnal", diurnal()), ("large_150x40", large())):
+    for name, trace in (("diurnal", diurnal()), ("large_150x40", large()),
+                        ("cold_start_40", cold_start()), ("quiet_queues", quiet()),
+                        ("periodic", periodic()), ("diurnal_slack", diurnal_slack())):
         (HERE / f"{name}.json").write_text(json.dumps(trace, indent=1) + "\n")
 
 

@@ -89,12 +89,31 @@ class Arrivals:
         #: so a round's start is usually the previous one's end (the curve is pure).
         self.ended: tuple[float, float] = (math.nan, 0.0)
 
+    def next_tick_s(self, now: float) -> float | None:
+        """Seconds from ``now`` to the queue's next periodic tick (None: no periodic job)."""
+        every = self.spec.every_s
+        if every is None:
+            return None
+        return math.ceil(now / every - 1e-9) * every - now
+
+    def ticks(self, start: float, end: float) -> int:
+        """Periodic jobs enqueued in [start, end)."""
+        every = self.spec.every_s
+        if every is None:
+            return 0
+        ticks = math.ceil(end / every - 1e-9) - math.ceil(start / every - 1e-9)
+        return ticks * self.spec.tick_jobs
+
     def in_round(self, index: int) -> int:
         if self.spec.per_round is not None:
             counts = self.spec.per_round
             return counts[index] if index < len(counts) else 0
         start = index * self.interval
         end = start + self.interval
+        return self.ticks(start, end) + self.from_rate(start, end)
+
+    def from_rate(self, start: float, end: float) -> int:
+        """Jobs the rate brings in [start, end)."""
         ended_at, expected = self.ended
         before = expected if ended_at == start else self.curve.cumulative(start)
         upto = self.curve.cumulative(end)

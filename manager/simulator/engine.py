@@ -133,6 +133,8 @@ class QueueSim:
     # figures
     max_backlog: int = 0
     slot_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    """Slot-seconds spent running jobs (the rest of ``slot_seconds`` is slack)."""
     starts: int = 0
     stops: int = 0
     move_times: list[float] = field(default_factory=list)
@@ -242,7 +244,8 @@ class Simulation:
                                      recent_arrived=arrived.jobs, recent_margin=arrived.margin)
             out.append(QueueInput(name, q.policy, current, window,
                                   servable=everything or name in served,
-                                  previous=previous.get(name)))
+                                  previous=previous.get(name),
+                                  next_tick_s=q.arrivals.next_tick_s(now)))
         return out
 
     def report_time(self, j: int) -> float:
@@ -447,6 +450,7 @@ class Simulation:
             paid = min(q.draining * dt, owed)
             q.done_work += paid
             q.round_busy += paid
+            q.busy_seconds += paid
         elif owed > EPS and budget > 0:
             paid = min(budget, owed)
             q.done_work += paid
@@ -469,6 +473,7 @@ class Simulation:
         if len(q.settled) > self.settled_kept:
             q.settled.popleft()
         q.round_busy += q.active * dt - budget
+        q.busy_seconds += q.active * dt - budget
         q.round_alive += q.existing * dt
         q.slot_seconds += q.existing * dt
         if q.backlog > q.max_backlog:

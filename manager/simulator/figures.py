@@ -42,6 +42,13 @@ def recovery(q: QueueSim, run: PolicyRun) -> list[dict[str, Any]]:
     return out
 
 
+def slack(busy_s: float, provisioned_s: float) -> float:
+    """The share of the slot-seconds provisioned that ran no job (0 when none were)."""
+    if provisioned_s <= 0:
+        return 0.0
+    return round(max(0.0, 1 - busy_s / provisioned_s), 3)
+
+
 def all_waits(q: QueueSim, run: PolicyRun) -> Counter[int]:
     """Waits of the jobs that started, and of those still waiting at the end (their wait
     so far: a starved queue must not look like one without waits)."""
@@ -65,6 +72,8 @@ def queue_figures(q: QueueSim, run: PolicyRun) -> dict[str, Any]:
         "unstarted": q.backlog,
         "max_backlog": q.max_backlog,
         "slot_seconds": round(q.slot_seconds, 1),
+        "busy_slot_seconds": round(q.busy_seconds, 1),
+        "slack": slack(q.busy_seconds, q.slot_seconds),
         "slot_moves": q.starts + q.stops,
         "plan_moves": len(q.plan_moves),
         "bursts": len(q.bursts),
@@ -89,6 +98,9 @@ def overall(queues: dict[str, dict[str, Any]], run: PolicyRun) -> dict[str, Any]
         "wait_max_s": max(waits, default=0) * run.step_s,
         "max_backlog": max((r["max_backlog"] for r in rows), default=0),
         "slot_seconds": round(sum(r["slot_seconds"] for r in rows), 1),
+        "busy_slot_seconds": round(sum(q.busy_seconds for q in run.queues.values()), 1),
+        "slack": slack(sum(q.busy_seconds for q in run.queues.values()),
+                       sum(q.slot_seconds for q in run.queues.values())),
         "slot_moves": sum(r["slot_moves"] for r in rows),
         "plan_moves": sum(r["plan_moves"] for r in rows),
         "bursts": sum(r["bursts"] for r in rows),

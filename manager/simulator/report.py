@@ -14,7 +14,8 @@ from qcluster.manager.simulator.figures import figures
 
 COLUMNS = [
     ("wait_p50_s", "p50 wait s"), ("wait_p99_s", "p99 wait s"), ("wait_max_s", "max wait s"),
-    ("max_backlog", "max backlog"), ("slot_seconds", "slot-s"), ("slot_moves", "slot moves"),
+    ("max_backlog", "max backlog"), ("slot_seconds", "slot-s"), ("slack", "slack"),
+    ("slot_moves", "slot moves"),
     ("plan_moves", "plan moves"), ("burst_drain_max_s", "burst drain max s"),
     ("over_target_s", "over target s"),
 ]

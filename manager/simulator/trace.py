@@ -51,6 +51,10 @@ class QueueSpec(_Strict):
     per_round: list[int] | None = None
     """Exact job counts per planning round instead of ``rate`` (a replayed recording)."""
     arrivals: Literal["poisson", "even"] = "poisson"
+    every_s: float | None = Field(default=None, gt=0)
+    """A periodic job: ``tick_jobs`` jobs at each multiple of ``every_s`` seconds (on top
+    of ``rate``); the manager knows the schedule (it pre-warms a slot)."""
+    tick_jobs: int = Field(default=1, ge=1)
     job_time: JobTime = JobTime()
 
     @model_validator(mode="after")

@@ -7,12 +7,16 @@ import math
 from typing import Any
 
 from qcluster.broker.base import DeadJob
+from qcluster.failures import JobError
 from qcluster.job import JSON_CONTENT_TYPE, Delivery
 
 ATTEMPTS_HEADER = "x-qc-attempts"
 ACTIVATE_HEADER = "x-qc-activate-at"
 REASON_HEADER = "x-qc-reason"
 DEAD_AT_HEADER = "x-qc-dead-at"
+#: The job's last error (qcluster.failures.JobError as JSON), on a postponed copy and a
+#: dead letter.
+ERROR_HEADER = "x-qc-error"
 #: Present on a copy republished after its take ended without a settle (its slot died,
 #: or a lock expired): the slot runs it alone.
 SUSPECT_HEADER = "x-qc-suspect"
@@ -175,7 +179,14 @@ def _dead_job(queue: str, message: Any) -> DeadJob:
         else _printable(reason),
         attempts=_whole(headers.get(ATTEMPTS_HEADER, 0)) or 0,
         dead_at=_finite(headers.get(DEAD_AT_HEADER, 0.0)) or 0.0,
+        error=JobError.from_json(_text_header(headers.get(ERROR_HEADER))),
     )
+
+
+def _text_header(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
 
 
 def _broker_reason(headers: dict[str, Any]) -> str:

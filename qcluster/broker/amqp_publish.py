@@ -156,9 +156,12 @@ class Publishing(Topology):
 
     def publish_many(
         self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
-    ) -> None:
+    ) -> list[str]:
+        """Every message is stored and returned as new: AMQP cannot look an id up in a
+        queue (base.Broker.publish_many)."""
         check_queue_name(queue)
         items: list[tuple[str, bytes, dict[str, Any]]] = [
             (job_id, body, {}) for job_id, body in messages
         ]
         self._retrying(lambda: self._send(queue, items, delay_s))
+        return list(dict.fromkeys(job_id for job_id, _ in messages))

@@ -16,11 +16,14 @@ from pydantic import BaseModel, ConfigDict
 
 from qcluster.failures import JobError
 from qcluster.job import Delivery
+from qcluster.jobs import JobInfo, JobPage
 from qcluster.policy import (
     DEFAULT_DEAD_MAX_AGE,
     DEFAULT_DEAD_MAX_COUNT,
+    DEFAULT_KEEP_FINISHED_S,
     MAX_DEAD_AGE_S,
     MAX_DEAD_COUNT,
+    MAX_KEEP_FINISHED_S,
     MIN_DEAD_AGE_S,
 )
 
@@ -90,6 +93,8 @@ class DeadJob(BaseModel):
     attempts: int
     dead_at: float
     """Broker-clock unix seconds."""
+    error: JobError | None = None
+    """The last error the job raised (None: it never raised, e.g. ``job.fail``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,9 @@ class DeadRetention:
 
     max_count: int = DEFAULT_DEAD_MAX_COUNT
     max_age_s: float = DEFAULT_DEAD_MAX_AGE
+    keep_finished_s: float = DEFAULT_KEEP_FINISHED_S
+    """And how long the queue's finished-job records are kept (its policy's
+    ``keep_finished_s``; 0: none), where the backend keeps them (Redis)."""
 
     def __post_init__(self) -> None:
         count, age = self.max_count, self.max_age_s
@@ -111,6 +119,11 @@ class DeadRetention:
                 MIN_DEAD_AGE_S <= age <= MAX_DEAD_AGE_S):  # NaN fails every comparison
             raise ValueError(f"dead_max_age {age!r}: want seconds from {MIN_DEAD_AGE_S:g} "
                              f"to {MAX_DEAD_AGE_S:g} (365 days)")
+        keep = self.keep_finished_s
+        if isinstance(keep, bool) or not isinstance(keep, int | float) or not (
+                0 <= keep <= MAX_KEEP_FINISHED_S):
+            raise ValueError(f"keep_finished_s {keep!r}: want seconds from 0 to "
+                             f"{MAX_KEEP_FINISHED_S:g} (7 days)")
 
     @property
     def max_age_ms(self) -> int:
@@ -176,15 +189,24 @@ class Broker(ABC):
     @abstractmethod
     def publish_many(
         self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
-    ) -> None:
+    ) -> list[str]:
         """Store ``(job_id, body)`` messages; none is given out before now + ``delay_s``.
+        Returns the ids stored as new jobs, each once, in the order given.
+
+        An id the queue holds already (ready, delayed, locked or dead) is left exactly as
+        it is, neither made ready again nor given a new body, so publishing a job again
+        (after an error, or ReplicationUnconfirmed) never hands it to a second slot
+        (Redis and the embedded broker). RabbitMQ cannot look a message up by id: every
+        message is stored and returned as new, and an id published twice is two jobs
+        (README, "Backend semantics").
 
         Returns only once the broker holds every message (Redis: the script ran;
         RabbitMQ: publisher confirms). Raises BrokerUnavailable after retries.
         """
 
-    def publish(self, queue: str, job_id: str, body: bytes, *, delay_s: float = 0.0) -> None:
-        self.publish_many(queue, [(job_id, body)], delay_s=delay_s)
+    def publish(self, queue: str, job_id: str, body: bytes, *, delay_s: float = 0.0) -> bool:
+        """True when ``job_id`` was stored as a new job (see :meth:`publish_many`)."""
+        return bool(self.publish_many(queue, [(job_id, body)], delay_s=delay_s))
 
     @abstractmethod
     def take(
@@ -259,8 +281,30 @@ class Broker(ABC):
         """The dead-letter store, newest first, at most ``limit``."""
 
     @abstractmethod
-    def requeue_dead(self, queue: str) -> int:
-        """Move every dead job back to ready with attempts reset; returns how many."""
+    def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        """Move the dead jobs ``ids`` (None: every one) back to ready with attempts
+        reset; returns how many (ids that are not dead letters are skipped)."""
+
+    def dead_page(self, queue: str, *, offset: int = 0, limit: int = 50
+                  ) -> tuple[int, list[DeadJob]]:
+        """The number of dead letters and a page of them, newest first."""
+        raise NotImplementedError(f"{type(self).__name__} cannot page dead letters")
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        """Delete the dead jobs ``ids``; returns how many were dead letters."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete dead letters")
+
+    def job(self, job_id: str, *, queues: Sequence[str] | None = None) -> JobInfo | None:
+        """Where job ``job_id`` is: in ``queues`` (None: every queue the broker knows);
+        None when it is found nowhere. A state the backend cannot know is ``unknown``
+        with a note saying what cannot be known."""
+        raise NotImplementedError(f"{type(self).__name__} cannot look jobs up")
+
+    def job_page(self, queue: str, state: str, *, offset: int = 0, limit: int = 50,
+                 running: Sequence[JobInfo] = ()) -> JobPage:
+        """A page of the queue's jobs in ``state`` (running, delayed, retrying, dead).
+        ``running``: what the masters report running (hosts and slots), merged in."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list jobs")
 
     @abstractmethod
     def purge(self, queue: str) -> int:
@@ -270,17 +314,19 @@ class Broker(ABC):
 
     # --- periodic jobs (qcluster.periodic; the manager's ticker) ----------------------
 
-    def claim_tick(self, job: str, tick_ms: int) -> bool:
-        """Record ``tick_ms`` as periodic job ``job``'s last enqueued tick if it is later
-        than the recorded one, atomically: True for the one caller that does (it then
-        enqueues the tick), False for every other (an earlier or the same tick, or another
-        manager enqueues the periodic jobs). Raises BrokerError when the broker does not
-        answer."""
-        raise NotImplementedError(f"{type(self).__name__} cannot run periodic jobs")
+    def publish_tick(self, queue: str, job: str, tick_ms: int, job_id: str,
+                     body: bytes) -> bool:
+        """Enqueue periodic job ``job``'s tick ``tick_ms`` (the job ``job_id``, ``body``,
+        ready now) and record ``tick_ms`` as its last enqueued tick, as one step, unless
+        the record holds ``tick_ms`` or a later tick. True when this call enqueued it;
+        False when the record already held it (another manager, or an earlier call whose
+        reply was lost: the tick is enqueued either way).
 
-    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
-        """Undo this caller's claim of ``tick_ms`` (its enqueue failed): the record goes
-        back to ``previous_ms`` if it still holds ``tick_ms``."""
+        Calling it again after any error is safe: whatever happened to the first call (a
+        late reply, a reset, a retry, a failover), the tick is enqueued once. Raises
+        BrokerError when the broker does not answer (the tick may or may not be
+        enqueued: the record, read again, says), ReplicationUnconfirmed when it is
+        enqueued and recorded on a master that no replica confirmed in time."""
         raise NotImplementedError(f"{type(self).__name__} cannot run periodic jobs")
 
     def last_ticks(self) -> dict[str, int]:

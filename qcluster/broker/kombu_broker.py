@@ -66,16 +66,19 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from kombu.transport import native_delayed_delivery as ndd
 
+from qcluster.broker import amqp_jobs
 from qcluster.broker.amqp_consume import BATCH_FILL_S, Consuming
 from qcluster.broker.amqp_link import MAX_BLOCK_S, URL_OPTIONS, split_url_options
 from qcluster.broker.amqp_messages import (
     ACTIVATE_HEADER,
     ATTEMPTS_HEADER,
     DEAD_AT_HEADER,
+    ERROR_HEADER,
     REASON_HEADER,
     SUSPECT_HEADER,
     _body,
@@ -94,6 +97,7 @@ from qcluster.broker.amqp_topology import (
 )
 from qcluster.broker.base import DeadJob, DeadRetention, QueueStats, Settlement
 from qcluster.job import Delivery
+from qcluster.jobs import JobInfo, JobPage
 from qcluster.names import check_queue_name
 from qcluster.policy import DEFAULT_DEAD_MAX_AGE, DEFAULT_DEAD_MAX_COUNT
 
@@ -163,7 +167,8 @@ class KombuBroker(Consuming):
             if live(delivery):
                 # Same whole-second delay, same ladder route: one confirmed publish round.
                 by_delay.setdefault(math.ceil(delay_s), []).append(
-                    (delivery.id, delivery.body, {ATTEMPTS_HEADER: delivery.attempts})
+                    (delivery.id, delivery.body,
+                     _with_error({ATTEMPTS_HEADER: delivery.attempts}, settlement, delivery))
                 )
         released = [d for d in settlement.release if live(d)]
         if released:
@@ -183,8 +188,8 @@ class KombuBroker(Consuming):
         dead_now = [(d, reason, d.attempts) for d, reason in settlement.dead]
         dead_now += [(d, reason, max(d.attempts - 1, 0)) for d, reason in settlement.refused]
         dead = [
-            (d.id, d.body, {ATTEMPTS_HEADER: attempts, REASON_HEADER: reason[:4000],
-                            DEAD_AT_HEADER: time.time()})
+            (d.id, d.body, _with_error({ATTEMPTS_HEADER: attempts, REASON_HEADER: reason[:4000],
+                                        DEAD_AT_HEADER: time.time()}, settlement, d))
             for d, reason, attempts in dead_now if live(d)
         ]
         if dead:
@@ -247,8 +252,25 @@ class KombuBroker(Consuming):
 
         return self._retrying(peek)
 
-    def requeue_dead(self, queue: str) -> int:
+    def dead_page(self, queue: str, *, offset: int = 0, limit: int = 50
+                  ) -> tuple[int, list[DeadJob]]:
+        """Oldest first (see :mod:`~qcluster.broker.amqp_jobs`)."""
+        return amqp_jobs.dead_page(self, queue, offset=offset, limit=limit)
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        return amqp_jobs.dead_by_ids(self, queue, "delete", ids)
+
+    def job(self, job_id: str, *, queues: Sequence[str] | None = None) -> JobInfo | None:
+        return amqp_jobs.lookup(self, job_id, self.queues() if queues is None else queues)
+
+    def job_page(self, queue: str, state: str, *, offset: int = 0, limit: int = 50,
+                 running: Sequence[JobInfo] = ()) -> JobPage:
+        return amqp_jobs.job_page(self, queue, state, offset=offset, limit=limit)
+
+    def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         check_queue_name(queue)
+        if ids is not None:
+            return amqp_jobs.dead_by_ids(self, queue, "requeue", ids)
 
         def move() -> int:
             self._declare(queue)
@@ -325,11 +347,11 @@ class KombuBroker(Consuming):
 
     # --- periodic jobs (the lock and the ledger: qcluster.broker.amqp_periodic) ------
 
-    def claim_tick(self, job: str, tick_ms: int) -> bool:
-        return self._retrying(lambda: self._periodic.claim(job, tick_ms))
-
-    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
-        self._retrying(lambda: self._periodic.unclaim(job, tick_ms, previous_ms))
+    def publish_tick(self, queue: str, job: str, tick_ms: int, job_id: str,
+                     body: bytes) -> bool:
+        check_queue_name(queue)
+        return self._retrying(lambda: self._periodic.enqueue(
+            self._declare, queue, job, tick_ms, job_id, body))
 
     def last_ticks(self) -> dict[str, int]:
         return self._retrying(self._periodic.last_ticks)
@@ -355,6 +377,16 @@ class KombuBroker(Consuming):
                 self._active = None
 
         self._retrying(delete)
+
+
+def _with_error(headers: dict[str, Any], settlement: Settlement,
+                delivery: Delivery) -> dict[str, Any]:
+    """``headers`` with the job's last error of this settlement, if it has one."""
+    if settlement.errors:
+        error = settlement.errors.get(delivery.id)
+        if error is not None:
+            headers[ERROR_HEADER] = error.to_json()
+    return headers
 
 
 def _newest(held: list[Any]) -> tuple[int, dict[str, bytes]]:

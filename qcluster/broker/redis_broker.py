@@ -20,6 +20,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from qcluster.broker import redis_jobs
 from qcluster.broker.base import (
     Broker,
     DeadJob,
@@ -35,8 +36,9 @@ from qcluster.errors import (
     ReplicationUnconfirmed,
 )
 from qcluster.job import JSON_CONTENT_TYPE, MAX_DELAY_S, Delivery
+from qcluster.jobs import JobInfo, JobPage
 from qcluster.names import check_queue_name
-from qcluster.policy import DEFAULT_DEAD_MAX_AGE, DEFAULT_DEAD_MAX_COUNT
+from qcluster.policy import DEFAULT_DEAD_MAX_AGE, DEFAULT_DEAD_MAX_COUNT, FINISHED_MAX_COUNT
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +81,8 @@ def _keys(queue: str) -> dict[str, str]:
     base = f"{KEY_PREFIX}:{{{queue}}}"
     return {
         name: f"{base}:{name}"
-        for name in ("ready", "locked", "jobs", "attempts", "dead", "reasons", "wake", "queues")
+        for name in ("ready", "locked", "jobs", "attempts", "dead", "reasons", "wake", "queues",
+                     "ticks", "errors", "finished")
     }
 
 
@@ -125,9 +128,11 @@ class RedisBroker(Broker):
         self._retention = DeadRetention(dead_max_count, dead_max_age_s)
         self._scripts = {
             name: client.register_script(_load_script(name))
-            for name in ("take", "settle", "publish", "stats", "requeue_dead", "purge")
+            for name in ("take", "settle", "publish", "stats", "requeue_dead", "purge", "job",
+                         "dead_ids")
         }
         self._scripts["settle_take"] = client.register_script(_settle_take_script())
+        self._scripts["tick"] = client.register_script(_tick_script())
         self._durability_pending = False
         """check_durability could not reach the server: check before the next call."""
 
@@ -307,28 +312,40 @@ class RedisBroker(Broker):
 
     def publish_many(
         self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
-    ) -> None:
+    ) -> list[str]:
+        """Stores the messages whose ids the queue does not hold (publish.lua); returns
+        their ids. An id it holds (ready, delayed, locked or dead) is left as it is."""
         k = _keys(check_queue_name(queue))
-        registry = _registry_key(queue) if self.cluster else QUEUES_KEY
-        keys = [k["ready"], k["jobs"], registry, k["wake"]]
+        keys = [k["ready"], k["jobs"], self._registry(queue), k["wake"]]
         delay_ms = _delay_ms(delay_s)
+        stored: list[str] = []
         for start in range(0, len(messages), PUBLISH_CHUNK):
             args: list[Any] = [delay_ms, queue]
             for job_id, body in messages[start : start + PUBLISH_CHUNK]:
                 args += (job_id, body)
-            if self.replicas:
-                self._publish_replicated(keys, args)
-            else:
-                self._run("publish", keys, args)
+            reply = self._publishing("publish", keys, args)
+            stored += (_text(job_id) for job_id in reply)
+        return list(dict.fromkeys(stored))
 
-    def _publish_replicated(self, keys: list[str], args: list[Any]) -> None:
-        """The publish script, then ``WAIT`` on the same connection (WAIT counts the
-        replicas that have this connection's writes): the jobs survive a failover once
-        this returns. A pipeline sends both; redis-py replays the pair on a new
-        connection after a connection error (a replayed publish stores the same ids)."""
+    def _registry(self, queue: str) -> str:
+        return _registry_key(queue) if self.cluster else QUEUES_KEY
+
+    def _publishing(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        """A script that stores jobs, followed by ``WAIT`` when publishes wait for
+        replicas (see _publish_replicated); its reply."""
+        if self.replicas:
+            return self._publish_replicated(script, keys, args)
+        return self._run(script, keys, args)
+
+    def _publish_replicated(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """The publishing script ``name``, then ``WAIT`` on the same connection (WAIT
+        counts the replicas that have this connection's writes): the jobs survive a
+        failover once this returns. A pipeline sends both; redis-py replays the pair on a
+        new connection after a connection error (a replayed publish stores nothing more:
+        an id the queue holds is left as it is)."""
         if self._durability_pending:
             self._check_durability_late()
-        script = self._scripts["publish"]
+        script = self._scripts[name]
         with self._errors():
             for attempt in range(3):
                 server = self._server_for(keys[0])
@@ -336,7 +353,7 @@ class RedisBroker(Broker):
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
                 pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
                 try:
-                    acked = int(pipe.execute()[1])
+                    reply, acked = pipe.execute()
                     break
                 except redis.exceptions.NoScriptError:  # a new master: load it there
                     script.sha = server.script_load(script.script)
@@ -349,12 +366,13 @@ class RedisBroker(Broker):
                     time.sleep(0.5 * (attempt + 1))
             else:
                 raise BrokerError(f"Redis at {self.safe_url}: publish script not loaded")
-        if acked < self.replicas:
+        if int(acked) < self.replicas:
             raise ReplicationUnconfirmed(
                 f"Redis at {self.safe_url}: the jobs reached the master but only {acked} of "
                 f"{self.replicas} replica(s) within {self.replica_timeout_ms} ms, so a "
-                "failover could lose them; publish them again (a waiting job published "
-                "twice with the same id is kept once)")
+                "failover could lose them; publish them again (an id the queue still holds "
+                "is kept as it is, never stored twice)")
+        return reply
 
     def _server_for(self, key: str) -> redis.Redis:
         """The client whose connection reaches the master holding ``key``: ours, or on a
@@ -441,37 +459,30 @@ class RedisBroker(Broker):
                            for key in keys})
 
     def dead_jobs(self, queue: str, *, limit: int = 100) -> list[DeadJob]:
-        k = _keys(queue)
         if limit <= 0:
             return []
-        with self._errors():
-            entries: list[tuple[bytes, float]] = self.client.zrevrange(  # type: ignore[assignment]
-                k["dead"], 0, limit - 1, withscores=True
-            )
-            if not entries:
-                return []
-            ids = [job_id for job_id, _ in entries]
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hmget(k["jobs"], ids)
-            pipe.hmget(k["reasons"], ids)
-            pipe.hmget(k["attempts"], ids)
-            bodies, reasons, attempts = pipe.execute()
-        return [
-            DeadJob(
-                id=job_id.decode("utf-8", "replace"), queue=queue,
-                body=(body or b"").decode("utf-8", "replace"),
-                reason=(reason or b"").decode("utf-8", "replace"),
-                attempts=abs(_int_or_zero(tries)), dead_at=score / 1000,
-            )
-            for (job_id, score), body, reason, tries in zip(
-                entries, bodies, reasons, attempts, strict=True
-            )
-        ]
+        return redis_jobs.dead_page(self, _keys, queue, offset=0, limit=limit)[1]
 
-    def requeue_dead(self, queue: str) -> int:
+    def dead_page(self, queue: str, *, offset: int = 0, limit: int = 50
+                  ) -> tuple[int, list[DeadJob]]:
+        return redis_jobs.dead_page(self, _keys, queue, offset=offset, limit=limit)
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        return redis_jobs.dead_by_ids(self, _keys, queue, "delete", ids)
+
+    def job(self, job_id: str, *, queues: Sequence[str] | None = None) -> JobInfo | None:
+        return redis_jobs.lookup(self, _keys, job_id, queues)
+
+    def job_page(self, queue: str, state: str, *, offset: int = 0, limit: int = 50,
+                 running: Sequence[JobInfo] = ()) -> JobPage:
+        return redis_jobs.job_page(self, _keys, queue, state, offset=offset, limit=limit)
+
+    def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        if ids is not None:
+            return redis_jobs.dead_by_ids(self, _keys, queue, "requeue", ids)
         k = _keys(queue)
         moved = self._run(
-            "requeue_dead", [k["ready"], k["attempts"], k["dead"], k["reasons"]], []
+            "requeue_dead", [k["ready"], k["attempts"], k["dead"], k["reasons"], k["errors"]], []
         )
         with self._errors():
             self.client.lpush(k["wake"], "1")
@@ -480,23 +491,27 @@ class RedisBroker(Broker):
 
     def purge(self, queue: str) -> int:
         k = _keys(queue)
-        return int(self._run("purge", [k["ready"], k["locked"], k["jobs"], k["attempts"]], []))
+        return int(self._run("purge", [k["ready"], k["locked"], k["jobs"], k["attempts"],
+                                       k["errors"]], []))
 
     # --- periodic jobs ------------------------------------------------------------
 
-    def claim_tick(self, job: str, tick_ms: int) -> bool:
-        """One field per job in one hash (``PERIODIC_KEY``), moved forward by a script that
-        compares and sets: of managers claiming the same tick, one wins; an earlier tick
-        is refused however long ago its claim was (no TTL to outlive)."""
-        with self._errors():
-            return bool(self._periodic_script(_CLAIM_TICK_LUA)(
-                keys=[PERIODIC_KEY], args=[job, tick_ms]))
-
-    def unclaim_tick(self, job: str, tick_ms: int, previous_ms: int | None) -> None:
-        previous = -1 if previous_ms is None else previous_ms
-        with self._errors():
-            self._periodic_script(_UNCLAIM_TICK_LUA)(
-                keys=[PERIODIC_KEY], args=[job, tick_ms, previous])
+    def publish_tick(self, queue: str, job: str, tick_ms: int, job_id: str,
+                     body: bytes) -> bool:
+        """tick.lua: the job and the tick's record in the queue's hash slot, in one step;
+        on one Redis the periodic records (``PERIODIC_KEY``) in the same step, on a
+        Cluster (another hash slot) right after, raised only: a retry after a late reply
+        (RedisCluster retries timeouts) finds the tick recorded and stores nothing."""
+        k = _keys(check_queue_name(queue))
+        keys = [k["ready"], k["jobs"], self._registry(queue), k["wake"], k["ticks"]]
+        if not self.cluster:
+            keys.append(PERIODIC_KEY)
+        stored, recorded = self._publishing("tick", keys, [job, tick_ms, queue, job_id, body])
+        if self.cluster:
+            with self._errors():
+                self._periodic_script(_RAISE_TICK_LUA)(keys=[PERIODIC_KEY],
+                                                       args=[job, int(recorded)])
+        return bool(stored)
 
     def last_ticks(self) -> dict[str, int]:
         """Each job's recorded tick; a field that is not a whole number of ms (another
@@ -559,7 +574,8 @@ class RedisBroker(Broker):
             args += (_wire_id(delivery.id), delivery.receipt, str(reason))
         for delivery in settlement.release:
             args += (_wire_id(delivery.id), delivery.receipt, _activate_ms(delivery.activate_at))
-        if settlement.crashed or settlement.refused or settlement.ack_held:  # appended
+        tail = _tail_args(settlement, retention)
+        if settlement.crashed or settlement.refused or settlement.ack_held or tail:  # appended
             args.append(len(settlement.crashed))
             for delivery in settlement.crashed:
                 args += (_wire_id(delivery.id), delivery.receipt)
@@ -569,6 +585,7 @@ class RedisBroker(Broker):
             args.append(len(settlement.ack_held))
             for delivery in settlement.ack_held:
                 args += (_wire_id(delivery.id), delivery.receipt)
+            args += tail
         return args
 
 
@@ -606,7 +623,42 @@ def _warn_once(notes: list[str]) -> None:
 
 def _settle_keys(queue: str) -> list[str]:
     k = _keys(queue)
-    return [k["ready"], k["locked"], k["jobs"], k["attempts"], k["dead"], k["reasons"], k["wake"]]
+    return [k["ready"], k["locked"], k["jobs"], k["attempts"], k["dead"], k["reasons"], k["wake"],
+            k["errors"], k["finished"]]
+
+
+def _tail_args(settlement: Settlement, retention: DeadRetention) -> list[Any]:
+    """settle.lua's errors and finished sections; nothing at all (the arguments end
+    earlier) when no job failed and the queue keeps no finished records."""
+    finished = _finished_args(settlement.ack, retention)
+    errors = settlement.errors
+    if not errors and not finished:
+        return []
+    args: list[Any] = [len(errors)]
+    for job_id, error in errors.items():
+        args += (_wire_id(job_id), error.to_json())
+    return args + finished
+
+
+def _finished_args(acks: Sequence[Delivery], retention: DeadRetention) -> list[Any]:
+    """settle.lua's finished section: the acks' takes and attempts, run-length encoded
+    (one run for a batch of one take whose jobs never failed)."""
+    keep = retention.keep_finished_s
+    if keep <= 0 or not acks:
+        return []
+    runs: list[Any] = []
+    last: tuple[float, int] | None = None
+    count = 0
+    for delivery in acks:
+        key = (delivery.taken_at, delivery.attempts)
+        if key != last:
+            if last is not None:
+                runs += (round(last[0] * 1000), last[1], count)
+            last, count = key, 0
+        count += 1
+    assert last is not None
+    runs += (round(last[0] * 1000), last[1], count)
+    return [round(keep * 1000), FINISHED_MAX_COUNT // 8, len(runs) // 3, *runs]
 
 
 def _wire_id(job_id: str) -> bytes:
@@ -654,6 +706,12 @@ def _settle_take_script() -> str:
         "settle(KEYS, {unpack(ARGV, 2, n + 1)})\n"
         "return take({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}, {unpack(ARGV, n + 2, #ARGV)})\n"
     )
+
+
+def _tick_script() -> str:
+    """tick.lua with publish.lua as its function ``publish`` (see tick.lua)."""
+    return ("local function publish(KEYS, ARGV)\n" + _load_script("publish") + "\nend\n"
+            + _load_script("tick"))
 
 
 def _deliveries(reply: list[Any]) -> list[Delivery]:
@@ -705,15 +763,10 @@ def _careful_deliveries(reply: list[Any]) -> list[Delivery]:
 
 #: Periodic jobs' last enqueued ticks, ``NAME`` -> ms since the epoch (one hash slot).
 PERIODIC_KEY = f"{KEY_PREFIX}:{{periodic}}:last"
-_CLAIM_TICK_LUA = """
-local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
+#: A Cluster's periodic records, raised after tick.lua ran in the queue's hash slot.
+_RAISE_TICK_LUA = """
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1') or -1
 if tonumber(ARGV[2]) <= last then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-_UNCLAIM_TICK_LUA = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-if tonumber(ARGV[3]) < 0 then redis.call('HDEL', KEYS[1], ARGV[1])
-else redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
 return 1
 """

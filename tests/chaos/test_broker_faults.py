@@ -1,7 +1,7 @@
 """Chaos rows F6-F11 (issue 16): the broker dies, is down, is cut off, runs out of disk or
 memory, under a real master and its slots, counted by the ledger.
 
-Every row runs on a broker of its own (tests/chaos/_n_faults.py), never the session's
+Every row runs on a broker of its own (tests/chaos/broker_servers.py), never the session's
 shared one: it is killed, stopped, proxied or starved here. Core rows (F6, F8) run in make
 test in their short profile; the others carry the ``chaos`` marker (make chaos).
 
@@ -32,7 +32,7 @@ import pytest
 from qcluster import Client, exitcodes
 from qcluster.broker.embedded import ensure_server, redis_server_binary, stop_embedded
 from qcluster.errors import BrokerUnavailable
-from tests.chaos._n_faults import (
+from tests.chaos.broker_servers import (
     Feeder,
     RedisServer,
     RestartableRabbitMQ,

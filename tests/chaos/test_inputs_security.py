@@ -49,7 +49,7 @@ from qcluster.errors import EnvelopeError
 from qcluster.job import Envelope, decode_envelope
 from qcluster.names import QUEUE_NAME_PATTERN
 from qcluster.security import WELL_KNOWN_TOKENS
-from tests.chaos import _s_cluster as s
+from tests.chaos import input_cluster as s
 from tests.chaos.ledger import LEDGER_ENV, Ledger, Producer, append_lines, residue
 from tests.chaos.rows import RowResult, by_profile, emit, new_seed
 from tests.conftest import QCLUSTER, ROOT, free_port, qcluster_env, wait_until
@@ -373,7 +373,7 @@ def test_s1_no_pickle_even_with_kombu_insecure_serializers_enabled(
     broker = open_broker(url)
     s.publish_raw(url, broker, queue, bad)
     done = subprocess.run(
-        [*QCLUSTER[:1], "-m", "tests.chaos._s_pickle", url, queue, str(len(bad))],
+        [*QCLUSTER[:1], "-m", "tests.chaos.pickle_slot", url, queue, str(len(bad))],
         cwd=ROOT, env=qcluster_env(QC_CHAOS_PREFIX=prefix), capture_output=True, text=True,
         timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,6 @@
 """Chaos rows for process faults (issue 16): F2, F3, F4, F5, F12, F13.
 
-Real ``qcluster master`` / ``manager`` processes run ``tests.chaos._p_apps`` on the embedded
+Real ``qcluster master`` / ``manager`` processes run ``tests.chaos.process_apps`` on the embedded
 broker; every job is counted by the ledger (tests/chaos/ledger.py). What is killed, and how
 its end is seen:
 
@@ -38,9 +38,11 @@ from qcluster import Client
 from qcluster.broker.embedded import socket_path, stop_embedded
 from qcluster.master.supervisor import MEMORY_PROBE_INTERVAL_S, TICK_S
 from qcluster.policy import kill_margin
-from tests.chaos import _p_apps as papps
-from tests.chaos import _p_faults as faults
-from tests.chaos._p_cluster import (
+from tests.chaos import process_apps as papps
+from tests.chaos import process_kills as faults
+from tests.chaos.conftest import ChaosBroker, ChaosRun, delete_queues
+from tests.chaos.ledger import LEDGER_ENV, Producer
+from tests.chaos.process_cluster import (
     Hosts,
     SlotWatch,
     SteadyProducer,
@@ -50,8 +52,6 @@ from tests.chaos._p_cluster import (
     signal_master,
     write_config,
 )
-from tests.chaos.conftest import ChaosBroker, ChaosRun, delete_queues
-from tests.chaos.ledger import LEDGER_ENV, Producer
 from tests.chaos.rows import RowResult, by_profile
 from tests.conftest import ROOT, wait_until
 from tests.e2e.cluster import Procs, get_text, try_json
@@ -367,7 +367,7 @@ def test_f12_clock_skew_on_one_master_makes_no_duplicate(
     """A manager and two masters; master b runs under libfaketime with its wall clock
     ``skew_h`` hours off (CLOCK_MONOTONIC left alone: deadlines are monotonic, and a skew
     is about the clock another host shows; time.sleep goes through select() there, see
-    ``_p_faults.SLEEP_WORKAROUND``). Locks and activation times come from the
+    ``process_kills.SLEEP_WORKAROUND``). Locks and activation times come from the
     broker's clock, so nothing may run twice. Master b must have run jobs (its slots'
     ledger lines carry the skewed wall time)."""
     library = faults.faketime_library()

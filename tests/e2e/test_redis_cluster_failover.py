@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 
 from tests.brokers import PrivateRedisCluster
-from tests.chaos._n_faults import Feeder, chaos_run, close_run, completed, wait_progress
+from tests.chaos.broker_servers import Feeder, chaos_run, close_run, completed, wait_progress
 from tests.chaos.rows import new_seed
 from tests.conftest import wait_until
 from tests.e2e.test_redis_sentinel_failover import (

@@ -23,7 +23,14 @@ import redis
 from qcluster.broker import open_broker
 from qcluster.errors import BrokerUnavailable
 from tests.brokers import PrivateRedisSentinel
-from tests.chaos._n_faults import Feeder, backlog, chaos_run, close_run, completed, wait_progress
+from tests.chaos.broker_servers import (
+    Feeder,
+    backlog,
+    chaos_run,
+    close_run,
+    completed,
+    wait_progress,
+)
 from tests.chaos.rows import new_seed
 from tests.conftest import wait_until
 

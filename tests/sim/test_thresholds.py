@@ -201,7 +201,7 @@ def test_example_traces_conserve_jobs(name: str) -> None:
             assert q.arrived == q.started + q.backlog
 
 
-#: Engineer L's chaos row L2 in the simulator: one master of 4 slots (20 ms jobs, 200
+#: Chaos row L2 in the simulator: one master of 4 slots (20 ms jobs, 200
 #: jobs/s in all), queue a fed 300 jobs/s for 10 s, then queue b for 10 s; the manager
 #: plans every second, as in the row.
 BACKLOG_SHIFT = {

@@ -1,6 +1,6 @@
 """The jobs arrived per planning round (manager/arrivals.py, through ClusterState): counted
 on one ledger (the broker's ready + locked jobs and the jobs settled in the reports), so
-the masters' report lag makes a count late, never a phantom (engineer L's chaos row L2)."""
+the masters' report lag makes a count late, never a phantom (chaos row L2)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class Drain:
 @pytest.mark.parametrize("phase", [0.1, 0.3, 0.5, 0.7, 0.9])
 def test_l2_a_drain_ending_counts_no_phantom_arrivals_and_the_plan_does_not_rise(
         phase: float) -> None:
-    """Engineer L's chaos row L2: queue a fed 300 jobs/s for 10 s on 4 slots (200 jobs/s),
+    """Chaos row L2: queue a fed 300 jobs/s for 10 s on 4 slots (200 jobs/s),
     then drained. The round counted 'done in the latest report + ready now - ready at the
     previous round': when the drain ended, the report's lagged done count came out as
     jobs arrived ('120 arrived in 1s' with the feed stopped for 6 s), taken at once as a

@@ -153,7 +153,7 @@ def test_a_stale_embedded_socket_is_answered_with_one_attempt(
 
 @pytest.mark.parametrize("state_dir", ["/proc/qcluster-unusable", "/dev/null/qcluster"])
 def test_an_unusable_embedded_state_dir_is_one_config_line(state_dir: str) -> None:
-    """Chaos row B4 (engineer S): FileNotFoundError/NotADirectoryError from mkdir used to
+    """Chaos row B4: FileNotFoundError/NotADirectoryError from mkdir used to
     escape as a traceback (the manager exited 1); now a ConfigError naming the directory."""
     from qcluster.broker.embedded import ensure_server
 
@@ -169,7 +169,7 @@ def test_an_unusable_embedded_state_dir_is_one_config_line(state_dir: str) -> No
 def test_a_redis_down_at_connect_is_checked_once_it_answers(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Engineer N's finding (chaos row F8): a process that connected while Redis was down
+    """Found by chaos row F8: a process that connected while Redis was down
     skipped the durability check for good, so an evicting server was used and a missing
     AOF never named. Fails on the code before (the publish succeeded)."""
     import subprocess
@@ -251,7 +251,7 @@ class _Channel:
 def test_a_slot_whose_broker_is_down_keeps_sending_heartbeats(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Engineer N (chaos rows F8, F10 full): a slot looping on broker errors sent the
+    """Chaos rows F8 and F10 (full profile): a slot looping on broker errors sent the
     master nothing, so after heartbeat_timeout_s the master SIGKILLed it as hung and forked
     another, every 30 s while the broker was down. Fails on the code before (no heartbeat)."""
     from qcluster import App, Job
@@ -277,7 +277,7 @@ def test_a_slot_whose_broker_is_down_keeps_sending_heartbeats(
 
 
 def test_a_kombu_broker_reconnecting_lets_the_caller_show_it_is_alive() -> None:
-    """Engineer N (chaos row F9 on RabbitMQ): a call that reconnects through a dead link
+    """Chaos row F9 on RabbitMQ: a call that reconnects through a dead link
     spends up to a minute in connect attempts, and the slot inside it sent nothing, so the
     master killed it as hung every 30 s. Broker.on_wait is now called between attempts
     (the slot sends a heartbeat). Fails on the code before (never called)."""

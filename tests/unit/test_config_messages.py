@@ -45,7 +45,7 @@ def test_the_config_file_names_the_queue_and_field_the_same_way(tmp_path: Path) 
 
 
 def test_a_configuration_file_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
-    """It ended in a UnicodeDecodeError traceback (chaos row B4, engineer S)."""
+    """It ended in a UnicodeDecodeError traceback (chaos row B4)."""
     config = tmp_path / "qcluster.toml"
     config.write_bytes(b"\xff\xfe = 1\n")
     with pytest.raises(ConfigError) as caught:

@@ -152,7 +152,7 @@ def test_a_take_reply_always_becomes_deliveries_marking_suspects_and_bad_ids(
             assert delivery.malformed == ""
 
 
-# --- non-JSON numbers in a raw message (chaos row B1, engineer S) ---------------------
+# --- non-JSON numbers in a raw message (chaos row B1) ---------------------------------
 
 _HEAD = b'{"v":1,"id":"x","queue":"q","enqueued_at":'
 

@@ -1,6 +1,6 @@
 """The manager's ticker (manager/periodic.py) on a real Redis, with a clock the test moves:
 ticks enqueued once across two tickers, a job's first tick after the manager started, a
-failed publish gives its claim back and the next pass enqueues the tick, missed ticks per
+failed publish leaves the tick to the next pass, missed ticks per
 catch_up, and what the admin page is given."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -78,21 +79,21 @@ def test_two_tickers_enqueue_each_tick_once_from_the_managers_start(
     assert view.schedule == "every 1 s" and view.queue == queue_name
 
 
-def test_a_failed_publish_gives_the_claim_back(broker: Broker, queue_name: str) -> None:
+def test_a_failed_publish_leaves_the_tick_to_the_next_pass(broker: Broker,
+                                                          queue_name: str) -> None:
     name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
     failing = ticker(broker, clock, queue_name, name)
-    original = broker.publish_many
+    original = broker.publish_tick
 
-    def refuse(queue: str, messages: Sequence[tuple[str, bytes]], *,
-               delay_s: float = 0.0) -> None:
+    def refuse(*args: object) -> bool:
         raise BrokerUnavailable("the broker went away")
 
     clock.at = T0 + 1.5
-    broker.publish_many = refuse  # type: ignore[method-assign]
+    broker.publish_tick = refuse  # type: ignore[method-assign, assignment]
     with pytest.raises(BrokerUnavailable):
         failing.run_due()
-    broker.publish_many = original  # type: ignore[method-assign]
-    assert name not in broker.last_ticks()  # the claim of T0 + 1 was given back
+    broker.publish_tick = original  # type: ignore[method-assign]
+    assert name not in broker.last_ticks()  # nothing was recorded
     started_earlier = Clock(T0)
     other = ticker(broker, started_earlier, queue_name, name)  # another manager
     started_earlier.at = T0 + 2.5
@@ -119,8 +120,8 @@ def test_ticks_missed_while_no_manager_ran(broker: Broker, queue_name: str,
 def test_a_tick_stored_on_the_master_but_not_on_a_replica_is_enqueued_once(
         redis_url: str, queue_name: str) -> None:
     """WAIT finds no replica (this Redis has none): the publish raises
-    ReplicationUnconfirmed after the job is stored on the master. The ticker keeps its
-    claim, so the next pass does not publish the tick again (it ran twice when the claim
+    ReplicationUnconfirmed after the job is stored on the master. The tick is recorded
+    with it, so the next pass does not publish the tick again (it ran twice when the claim
     was given back and the first copy had been taken meanwhile)."""
     client = redis.Redis.from_url(redis_url, **_client_options(3))
     waiting = RedisBroker(client, safe_url="redis://test", replicas=1, replica_timeout_ms=50)
@@ -169,21 +170,21 @@ def test_a_bad_record_stops_only_its_own_job(broker: Broker, queue_name: str,
 
 def test_the_broker_lock_is_taken_per_tick_not_per_pass(broker: Broker,
                                                          queue_name: str) -> None:
-    """A pass catching up many ticks takes the manager's broker lock for each tick's claim
-    and publish and lets it go between them, so the planning rounds and pause/drain are
+    """A pass catching up many ticks takes the manager's broker lock for each tick's
+    publish and lets it go between them, so the planning rounds and pause/drain are
     not held back for the whole pass."""
     name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
     lock = CountingLock()
     spec = periodic_spec(name, {"queue": queue_name, "every": 1}, where="test")
     manager = PeriodicTicker({name: spec}, broker, lock, clock)  # type: ignore[arg-type]
     held_at_claim: list[int] = []
-    original = broker.claim_tick
+    original = broker.publish_tick
 
-    def claim_and_look(job: str, tick_ms: int) -> bool:
+    def claim_and_look(*args: Any) -> bool:
         held_at_claim.append(lock.taken)
-        return original(job, tick_ms)
+        return original(*args)
 
-    broker.claim_tick = claim_and_look  # type: ignore[method-assign]
+    broker.publish_tick = claim_and_look  # type: ignore[method-assign, assignment]
     clock.at = T0 + 5.5
     manager.run_due()
     assert manager.enqueued == 5

@@ -123,10 +123,20 @@ def test_scarcity_serves_minimums_then_priority(queues: list[QueueInput], capaci
             assert p.planned >= min(by_name[p.name].policy.min_slots, p.needed)
 
 
-def test_backlog_without_measurements_starts_slots_in_batches() -> None:
-    policy = make_policy(batch_size=100, max_slots=8)
-    planned = plan([QueueInput("q", policy, 0, QueueWindow(backlog=550))], BIG, TU)["q"]
-    assert planned.planned == 6 and "backlog 550" in planned.reason
+def test_backlog_without_measurements_needs_what_drains_it_within_its_target() -> None:
+    """Nothing measured yet: the need is the backlog at ``est_job_seconds``, drained within
+    target_wait (or 60 s), not a slot per batch up to max_slots; idle slots drain it faster
+    only while no other queue needs them."""
+    policy = make_policy(batch_size=1, max_slots=100, est_job_seconds=0.05, target_wait=10.0)
+    queue = QueueInput("q", policy, 0, QueueWindow(backlog=600))
+    alone = plan([queue], BIG, TU)["q"]
+    assert alone.needed >= 3 and "backlog 600" in alone.reason  # 600 x 50 ms in 10 s
+    # Needed 3 (30 slot-s within 10 s); the idle slots drain it within 5 s, no more.
+    assert alone.planned == 6
+    other = QueueInput("o", make_policy(priority=9, max_slots=100), 0,
+                       QueueWindow(backlog=40_000))
+    shared = plan([queue, other], 40, TU)
+    assert shared["q"].planned == 3 and shared["o"].planned == 37
 
 
 def test_reason_carries_the_numbers() -> None:
@@ -295,7 +305,7 @@ def ran(name: str, policy: QueuePolicy, slots: int, backlog: int, arrived: int,
 
 
 def test_idle_slots_drain_a_backlog_by_priority_and_never_past_capacity() -> None:
-    """Engineer L's chaos row L2: b's backlog of 59 slot-s got 1 slot (its 60 s drain)
+    """Chaos row L2: b's backlog of 59 slot-s got 1 slot (its 60 s drain)
     while 3 of the host's 4 slots sat idle. Slots no queue needs now go to backlogs, the
     higher priority first, within max_slots and one per batch waiting."""
     low, high = make_policy(priority=0, batch_size=10), make_policy(priority=5, batch_size=10)
@@ -367,13 +377,15 @@ def test_a_held_queue_with_nothing_to_do_lends_its_slots_to_a_queue_that_waits()
     assert plans["a"].low_rounds == 1  # a's hold goes on for what it keeps
 
 
-def test_a_hold_stands_while_jobs_come_or_wait_or_when_no_one_waits() -> None:
-    """Only a round with nothing arriving and nothing waiting makes a hold spare (a queue
-    still fed at half its rate keeps its hold: lending it would flap under noise), and a
-    spare goes only to a queue that waits. The minimum is never spare."""
+def test_a_hold_keeps_what_its_arrivals_need_and_lends_the_rest_to_a_queue_that_waits() -> None:
+    """A held queue with nothing waiting keeps the slots this round's arrivals need (with
+    its band's room for noise); the rest of the hold is spare and goes to a queue that
+    waits. A hold with jobs waiting is no spare, nor one no queue waits for, nor the
+    minimum."""
     policy = make_policy(batch_size=10)
+    # a: 50 jobs of 20 ms in 1 s = 1 slot-s/s, 1.25 slots at 80%, 1.6 with the band: 2.
     plans = plan([held("a", policy, 4, 50), ran("b", policy, 1, 200, 100)], 5, TU)
-    assert (plans["a"].planned, plans["b"].planned) == (4, 1)
+    assert (plans["a"].planned, plans["b"].planned) == (2, 3)
     plans = plan([held("a", policy, 3, 0, backlog=5), ran("b", policy, 1, 200, 100)], 4, TU)
     assert (plans["a"].planned, plans["b"].planned) == (3, 1)
     plans = plan([held("a", policy, 3, 0), ran("b", policy, 1, 0, 40)], 4, TU)
@@ -383,12 +395,16 @@ def test_a_hold_stands_while_jobs_come_or_wait_or_when_no_one_waits() -> None:
     assert (plans["a"].planned, plans["b"].planned) == (2, 2)
 
 
-def test_a_lower_priority_queue_does_not_take_a_higher_priority_hold() -> None:
+def test_any_real_need_ranks_before_any_hold_whatever_the_priorities() -> None:
+    """A cold start of many queues: a high-priority queue's hold (nothing waits for it)
+    must not keep a lower priority's first slots from it."""
     low, high = make_policy(priority=0, batch_size=10), make_policy(priority=5, batch_size=10)
     plans = plan([held("a", high, 3, 0), ran("b", low, 1, 200, 100)], 4, TU)
-    assert (plans["a"].planned, plans["b"].planned) == (3, 1)
-    # The other way round, and between equals whatever the names: the spare goes.
+    assert (plans["a"].planned, plans["b"].planned) == (1, 3)
     plans = plan([held("a", low, 3, 0), ran("b", high, 1, 200, 100)], 4, TU)
     assert (plans["a"].planned, plans["b"].planned) == (1, 3)
     plans = plan([held("z", low, 3, 0), ran("b", low, 1, 200, 100)], 4, TU)
     assert (plans["z"].planned, plans["b"].planned) == (1, 3)
+    # Real needs among themselves still go by priority.
+    plans = plan([ran("a", high, 1, 2000, 200), ran("b", low, 1, 2000, 200)], 4, TU)
+    assert (plans["a"].planned, plans["b"].planned) == (4, 0)

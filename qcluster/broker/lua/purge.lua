@@ -1,5 +1,5 @@
 -- Delete ready and delayed jobs (and jobs whose lock expired); keep live locks and dead.
--- KEYS: ready, locked, jobs, attempts
+-- KEYS: ready, locked, jobs, attempts, errors
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local removed = 0
@@ -8,6 +8,7 @@ local function drop(ids)
     local chunk = {unpack(ids, start, math.min(start + 999, #ids))}
     redis.call('HDEL', KEYS[3], unpack(chunk))
     redis.call('HDEL', KEYS[4], unpack(chunk))
+    if KEYS[5] then redis.call('HDEL', KEYS[5], unpack(chunk)) end
     removed = removed + #chunk
   end
 end

@@ -1,7 +1,8 @@
 -- Settle a batch in one atomic step: ack (delete), postpone (unlock, activate later),
 -- dead (move to the dead-letter set with a reason), release (unlock, ready now, unstarted),
 -- crashed (unlock, ready now, counted, suspect), refused (dead, not counted).
--- KEYS: ready, locked, jobs, attempts, dead zset (id -> dead ms), reasons hash, wake list
+-- KEYS: ready, locked, jobs, attempts, dead zset (id -> dead ms), reasons hash, wake list,
+--       errors hash (id -> last error JSON), finished index zset (bucket key -> expiry ms)
 -- ARGV: n_ack, n_postpone, n_dead, n_release, dead_max_count, dead_max_age_ms,
 --       then n_ack ids,
 --       then n_postpone triples (id, lock_until_ms, delay_ms),
@@ -9,7 +10,10 @@
 --       then n_release triples (id, lock_until_ms, activate_ms),
 --       then n_crashed and n_crashed pairs (id, lock_until_ms),
 --       then n_refused and n_refused triples (id, lock_until_ms, reason),
---       then n_ack_held and n_ack_held pairs (id, lock_until_ms).
+--       then n_ack_held and n_ack_held pairs (id, lock_until_ms),
+--       then n_errors and n_errors pairs (id, last error JSON),
+--       then keep_finished_ms, finished_cap, n_runs and n_runs triples
+--       (taken_ms, attempts, count): the acks, in order, run-length encoded.
 -- Postpone, dead and release apply only while the caller still holds the lock (its
 -- lock_until matches): a slot whose lock expired must not move a job another slot now
 -- runs. Postpone and dead count the take in the attempts hash (take.lua reads it); a
@@ -17,6 +21,10 @@
 -- The attempts hash holds |takes that ended without an ack|; a negative value says the
 -- last of them ended by lock expiry (take.lua), which a settled take clears.
 -- Dead letters are kept at most dead_max_count per queue and dead_max_age_ms.
+-- A postponed or dead-lettered job keeps its last error (replacing an earlier one) until it
+-- is acked, requeued or forgotten. An acked job leaves a finished record ("finished_ms
+-- taken_ms attempts") for keep_finished_ms in a time bucket (a hash that expires whole:
+-- no per-job expiry work), at most finished_cap per bucket.
 -- Returns the number of jobs settled.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -24,6 +32,7 @@ local n_ack, n_post = tonumber(ARGV[1]), tonumber(ARGV[2])
 local n_dead, n_release = tonumber(ARGV[3]), tonumber(ARGV[4])
 local i = 7
 local settled = 0
+local moved = {}  -- postponed and dead-lettered here: their errors are stored
 
 local function holds_lock(id, lock_until)
   local score = redis.call('ZSCORE', KEYS[2], id)
@@ -40,6 +49,7 @@ if n_ack > 0 then
   redis.call('ZREM', KEYS[2], unpack(ids))
   redis.call('ZREM', KEYS[1], unpack(ids))
   if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('HDEL', KEYS[4], unpack(ids)) end
+  if redis.call('EXISTS', KEYS[8]) == 1 then redis.call('HDEL', KEYS[8], unpack(ids)) end
   settled = settled + redis.call('HDEL', KEYS[3], unpack(ids))
   i = i + n_ack
 end
@@ -50,6 +60,7 @@ for _ = 1, n_post do
     redis.call('ZREM', KEYS[2], id)
     redis.call('ZADD', KEYS[1], now + delay, id)
     count_attempt(id)
+    moved[id] = true
     settled = settled + 1
   end
 end
@@ -62,6 +73,7 @@ for _ = 1, n_dead do
     redis.call('ZADD', KEYS[5], now, id)
     redis.call('HSET', KEYS[6], id, reason)
     count_attempt(id)
+    moved[id] = true
     settled = settled + 1
     died = died + 1
   end
@@ -107,6 +119,7 @@ for _ = 1, n_refused do
     redis.call('HSET', KEYS[6], id, reason)
     local before = tonumber(redis.call('HGET', KEYS[4], id)) or 0
     redis.call('HSET', KEYS[4], id, math.abs(before))
+    moved[id] = true
     settled = settled + 1
     died = died + 1
   end
@@ -120,7 +133,46 @@ for _ = 1, n_ack_held do
   if holds_lock(id, lock_until) then
     redis.call('ZREM', KEYS[2], id)
     redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[8], id)
     settled = settled + redis.call('HDEL', KEYS[3], id)
+  end
+end
+-- Appended too: the last errors of jobs postponed or dead-lettered above.
+local n_errors = tonumber(ARGV[i]) or 0
+i = i + 1
+for _ = 1, n_errors do
+  local id, err = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  if moved[id] then redis.call('HSET', KEYS[8], id, err) end
+end
+-- Appended too: finished records of the acks (absent when the queue keeps none).
+local keep = tonumber(ARGV[i]) or 0
+if keep > 0 and n_ack > 0 then
+  local cap, n_runs = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  i = i + 3
+  local width = math.max(1000, math.ceil(keep / 8))
+  local index = math.floor(now / width)
+  local bucket = KEYS[9] .. ':' .. width .. ':' .. index
+  local size = redis.call('HLEN', bucket)
+  if size == 0 then
+    local expires = (index + 1) * width + keep
+    redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
+    redis.call('ZADD', KEYS[9], expires, bucket)
+  end
+  if size < cap then
+    local fields, a = {}, 7
+    for _ = 1, n_runs do
+      local value = now .. ' ' .. ARGV[i] .. ' ' .. ARGV[i + 1]
+      local count = tonumber(ARGV[i + 2])
+      i = i + 3
+      for k = a, a + count - 1 do
+        fields[#fields + 1] = ARGV[k]
+        fields[#fields + 1] = value
+      end
+      a = a + count
+    end
+    redis.call('HSET', bucket, unpack(fields))
+    if size == 0 then redis.call('PEXPIREAT', bucket, (index + 1) * width + keep) end
   end
 end
 if released > 0 then
@@ -135,6 +187,7 @@ local function forget(ids)
   redis.call('HDEL', KEYS[3], unpack(ids))
   redis.call('HDEL', KEYS[6], unpack(ids))
   redis.call('HDEL', KEYS[4], unpack(ids))
+  redis.call('HDEL', KEYS[8], unpack(ids))
 end
 if died > 0 then
   local max_count, max_age = tonumber(ARGV[5]), tonumber(ARGV[6])

@@ -1,6 +1,7 @@
-"""Engineer S's helpers for tests/chaos/test_inputs_security.py: a real ``qcluster master``
-on the chaos app, the master's view of its slots, and raw bad messages published around
-the producer (straight to the broker, as any client of Redis or RabbitMQ could)."""
+"""Helpers for the bad-input and security rows (tests/chaos/test_inputs_security.py): a real
+``qcluster master`` on the chaos app, the master's view of its slots, and raw bad messages
+published around the producer (straight to the broker, as any client of Redis or RabbitMQ
+could)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The processes of engineer P's rows (tests/chaos/test_process_faults.py): masters and a
-manager running ``tests.chaos._p_apps``, each master with a metrics directory of its own
+"""The processes of the process-fault rows (tests/chaos/test_process_faults.py): masters and a
+manager running ``tests.chaos.process_apps``, each master with a metrics directory of its own
 (two masters on one machine must not share one: each clears the other's files at start)
 and, for the clock-skew row, an environment of its own; a producer that keeps a steady
 rate; a watcher that sees the moment each slot process ends.
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from qcluster import Client
-from tests.chaos import _p_faults as faults
+from tests.chaos import process_kills as faults
 from tests.chaos.conftest import ChaosRun
 from tests.chaos.ledger import LEDGER_ENV, Ledger, Producer
 from tests.conftest import free_port, wait_until
 from tests.e2e.cluster import Procs, get_json, try_json
 
-APP = "tests.chaos._p_apps"
+APP = "tests.chaos.process_apps"
 PREFIX_ENV = "QC_P_PREFIX"
 
 

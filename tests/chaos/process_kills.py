@@ -1,4 +1,4 @@
-"""Process faults for the chaos rows of engineer P (tests/chaos/test_process_faults.py):
+"""Process faults for the process-fault chaos rows (tests/chaos/test_process_faults.py):
 what is killed and how its end is seen, orphans, embedded servers, libfaketime.
 
 Everything here reads /proc: a killed master's slots are no children of the test, so they

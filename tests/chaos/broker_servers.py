@@ -1,4 +1,4 @@
-"""Broker faults for engineer N's chaos rows (tests/chaos/test_broker_faults.py).
+"""Broker faults for the broker chaos rows (tests/chaos/test_broker_faults.py).
 
 - :class:`RedisServer`: a ``redis-server`` of the test's own, in the foreground (so the test
   holds its pid), with its own data directory, that can be SIGKILLed and started again on

@@ -1,4 +1,4 @@
-"""Row S1's slot process: ``python -m tests.chaos._s_pickle URL QUEUE EXPECTED_DEAD``.
+"""Row S1's slot process: ``python -m tests.chaos.pickle_slot URL QUEUE EXPECTED_DEAD``.
 
 It turns kombu's insecure serializers on first (``kombu.enable_insecure_serializers()``:
 pickle, yaml, msgpack accepted by any kombu consumer of this process), then does all a

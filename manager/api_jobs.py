@@ -1,0 +1,91 @@
+"""Jobs by id and by state: the lookup (``GET /api/v1/jobs/{id}``), a page of a queue's
+running, delayed, retrying or dead jobs, and dead letters requeued or deleted by id
+(token-guarded, like every change). Each route is one or a few broker round trips: a page
+of a million dead letters is one ranged read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from pydantic import BaseModel, Field
+
+from qcluster.errors import BrokerError
+from qcluster.jobs import MAX_PAGE, JobInfo, JobPage
+from qcluster.manager.api_deps import GUARDED, NamePath, ServiceDep
+from qcluster.manager.service import ManagerService
+
+router = APIRouter(tags=["jobs"])
+
+T = TypeVar("T")
+#: A job id in a path: what producers make (32 hex digits) and any id a broker keeps.
+JobIdPath = Annotated[str, Path(min_length=1, max_length=200)]
+#: The most ids one request may name.
+MAX_IDS = 10_000
+
+
+class Ids(BaseModel):
+    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=MAX_IDS)
+
+
+class RequiredIds(BaseModel):
+    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        ..., max_length=MAX_IDS)
+
+
+def on_broker(service: ManagerService, call: Callable[[], T]) -> T:
+    """A broker call under the service's broker lock; 503 when the broker fails, 501
+    when the backend cannot do it."""
+    try:
+        with service.broker_lock:
+            return call()
+    except NotImplementedError as exc:
+        raise HTTPException(501, str(exc)) from None
+    except BrokerError as exc:
+        raise HTTPException(503, f"the broker did not answer: {exc}") from None
+
+
+def known_queues(service: ManagerService) -> list[str]:
+    """The queues the apps declare and the broker holds (RabbitMQ cannot list a broker's
+    queues: the apps' are the ones looked in)."""
+    view = service.cluster_view()
+    names = {queue.name for queue in view.queues}
+    names |= {queue.name for queue in view.undeclared_queues}
+    return sorted(names | set(on_broker(service, service.broker.queues)))
+
+
+@router.get("/api/v1/jobs/{job_id}")
+def job(job_id: JobIdPath, service: ServiceDep) -> JobInfo:
+    """Where the job is and since when; 404 when no queue holds it (nor a record of it).
+    State ``unknown`` with a note where the backend cannot tell (RabbitMQ)."""
+    queues = known_queues(service)
+    found = on_broker(service, lambda: service.broker.job(job_id, queues=queues))
+    if found is None:
+        raise HTTPException(404, f"no job {job_id} in any queue (finished jobs are "
+                                 "remembered for their queue's keep_finished_s only)")
+    return found
+
+
+@router.get("/api/v1/queues/{queue}/jobs")
+def jobs(queue: NamePath, service: ServiceDep,
+         state: Annotated[str, Query(pattern="^(running|delayed|retrying|dead)$")],
+         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> JobPage:
+    """A page of the queue's jobs in ``state``; dead letters newest first."""
+    return on_broker(service, lambda: service.broker.job_page(
+        queue, state, offset=offset, limit=limit))
+
+
+@router.post("/api/v1/queues/{queue}/dead/requeue", dependencies=GUARDED)
+def requeue(queue: NamePath, service: ServiceDep, body: Ids | None = None) -> dict[str, Any]:
+    """Requeue the dead letters ``ids`` (omitted: every one): ready now, attempts reset."""
+    ids = body.ids if body is not None else None
+    return {"requeued": on_broker(service, lambda: service.broker.requeue_dead(queue, ids))}
+
+
+@router.post("/api/v1/queues/{queue}/dead/delete", dependencies=GUARDED)
+def delete(queue: NamePath, service: ServiceDep, body: RequiredIds) -> dict[str, Any]:
+    """Delete the dead letters ``ids``."""
+    return {"deleted": on_broker(service, lambda: service.broker.delete_dead(queue, body.ids))}

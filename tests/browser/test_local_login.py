@@ -1,0 +1,112 @@
+"""Local controls without friction: a manager on loopback started with no token writes a local
+token, ``qcluster pause`` uses it, and ``qcluster login``'s one-time link signs Chromium in so
+the page's buttons work. Real processes on the embedded broker, in a directory of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.brokers import free_port
+from tests.conftest import QCLUSTER, qcluster_env, wait_until
+
+APP = ("import qcluster\napp = qcluster.App('shop')\n\n"
+       "@app.queue('emails')\ndef emails(jobs):\n    pass\n")
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in qcluster_env().items() if not k.startswith("QCLUSTER_")}
+
+
+def run(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*QCLUSTER, *args], cwd=directory, env=_env(), capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture
+def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    (tmp_path / "shop_app.py").write_text(APP)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs = []
+    for name, args in (("manager", ["manager", "--listen", f"127.0.0.1:{port}"]),
+                       ("master", ["master", "--app", "shop_app", "--no-metrics", "--manager",
+                                   url, "--host-name", "h1", "--listen", str(free_port())])):
+        with (tmp_path / f"{name}.log").open("wb") as log:
+            procs.append(subprocess.Popen([*QCLUSTER, *args], cwd=tmp_path, env=_env(),
+                                          stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+
+    def emails_known() -> bool:
+        try:
+            view = httpx.get(f"{url}/api/v1/cluster", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return any(q["name"] == "emails" for q in view["queues"])
+
+    try:
+        wait_until(emails_known, timeout_s=90, message="the master's queue at the manager")
+        yield tmp_path, url
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(procs):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_pause_works_with_no_token_configured(local_cluster: tuple[Path, str]) -> None:
+    directory, url = local_cluster
+    token_file = directory / ".qcluster" / "token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    paused = run(directory, "pause", "emails", "--manager", url)
+    assert paused.returncode == 0, paused.stderr
+    assert "queue emails paused by local" in paused.stdout
+    resumed = run(directory, "resume", "emails", "--manager", url)
+    assert resumed.returncode == 0, resumed.stderr
+    # masters still report without any token: the local token is for controls only
+    log = (directory / "master.log").read_text()
+    assert '/api/v1/reports "HTTP/1.1 200 OK"' in log and "401" not in log
+
+
+def test_the_one_time_login_makes_the_buttons_work(page: Page,
+                                                   local_cluster: tuple[Path, str]) -> None:
+    directory, url = local_cluster
+    login = run(directory, "login", "--manager", url)
+    assert login.returncode == 0, login.stderr
+    link = login.stdout.strip()
+    assert link.startswith(f"{url}/login?code=")
+    page.goto(link)
+    assert page.url == f"{url}/"
+    cookie = next(c for c in page.context.cookies() if c["name"] == "qcluster_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert token_not_in(cookie["value"], directory)
+    page.locator('tr[data-queue="emails"] button[data-action="pause"]').click()
+    expect(page.locator("#action-done")).to_have_text("Queue emails paused.")
+    controls = json.loads(run(directory, "controls", "--manager", url, "--json").stdout)
+    assert [(c["kind"], c["name"], c["by"]) for c in controls] == [("pause", "emails", "local")]
+    page.locator('tr[data-queue="emails"] button[data-action="resume"]').first.click()
+    expect(page.locator("#action-done")).to_have_text("Queue emails resumed.")
+    # the link is spent; a cross-site form does not get the session's token
+    assert httpx.get(link, timeout=10).status_code == 401
+    forged = httpx.post(f"{url}/queues/emails/pause", timeout=10, data={"token": ""},
+                        headers={"Origin": "http://evil.example",
+                                 "Cookie": f"qcluster_session={cookie['value']}"})
+    assert forged.status_code == 401
+    assert json.loads(run(directory, "controls", "--manager", url, "--json").stdout) == []
+
+
+def token_not_in(value: str, directory: Path) -> bool:
+    return (directory / ".qcluster" / "token").read_text().strip() not in value
