@@ -15,7 +15,7 @@ its clients do (uvicorn otherwise waits for every open connection to finish).
 
 It subclasses uvicorn's h11 protocol and relies on its internals (``conn``, ``transport``,
 ``loop``, ``connection_made``, ``data_received``, ``on_response_complete``,
-``connection_lost``): pyproject pins uvicorn's upper version, and
+``connection_lost``, ``shutdown``): pyproject pins uvicorn's upper version, and
 tests/unit/test_http_limits.py fails naming the internal when an upgrade changes one.
 """
 

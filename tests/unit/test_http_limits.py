@@ -238,7 +238,8 @@ def test_the_uvicorn_internals_the_deadline_relies_on_are_there() -> None:
         f"uvicorn {uvicorn.__version__} is outside the range manager/serving.py was checked "
         f"on ({low} <= v < {high}): check its H11Protocol use, then widen the range")
     for name, params in [("connection_made", ["transport"]), ("data_received", ["data"]),
-                         ("on_response_complete", []), ("connection_lost", ["exc"])]:
+                         ("on_response_complete", []), ("connection_lost", ["exc"]),
+                         ("shutdown", [])]:
         method = getattr(H11Protocol, name, None)
         assert method is not None, f"uvicorn's H11Protocol has no {name}()"
         assert list(inspect.signature(method).parameters)[1:] == params, name
@@ -249,3 +250,4 @@ def test_the_uvicorn_internals_the_deadline_relies_on_are_there() -> None:
     assert "self.on_response_complete" in source, "on_response_complete is no longer called"
     assert h11.IDLE is not None and hasattr(h11.Connection, "trailing_data")
     assert hasattr(h11.Connection, "their_state")
+    assert "timeout_graceful_shutdown" in inspect.signature(uvicorn.Config).parameters
