@@ -99,7 +99,8 @@ def _info(queue: str, job_id: str, reply: list[Any]) -> JobInfo | None:
             return JobInfo(state="ready", since=float(score) / 1000, attempts=past + 1,
                            note="its last take's lock expired (its slot died or hung): it "
                                 "is ready again and counted as an attempt", **common)
-        return JobInfo(state="running", attempts=past + 1, **common)
+        return JobInfo(state="running", attempts=past + 1, lock_token=int(float(score)),
+                       **common)
     if where == "dead":
         return JobInfo(state="dead", since=float(score) / 1000, attempts=past,
                        reason=_text(reason), **common)
@@ -173,12 +174,14 @@ def _running(broker: RedisBroker, k: dict[str, str], queue: str, offset: int,
         now_ms = _now_ms(broker)
         pipe = broker.client.pipeline(transaction=False)
         pipe.zcount(k["locked"], f"({now_ms}", _MARKER_SCORE)
-        pipe.zrangebyscore(k["locked"], f"({now_ms}", _MARKER_SCORE, start=offset, num=limit)
-        total, ids = pipe.execute()
-        details = _details(broker, k, ids)
+        pipe.zrangebyscore(k["locked"], f"({now_ms}", _MARKER_SCORE, start=offset, num=limit,
+                           withscores=True)
+        total, entries = pipe.execute()
+        details = _details(broker, k, [job_id for job_id, _ in entries])
     jobs = [JobInfo(id=_text(job_id), queue=queue, state="running", attempts=abs(_int(tries)) + 1,
-                    payload=payload_of(body), last_error=LastError.of(JobError.from_json(err)))
-            for job_id, (body, tries, err) in zip(ids, details, strict=True)]
+                    payload=payload_of(body), last_error=LastError.of(JobError.from_json(err)),
+                    lock_token=int(score))
+            for (job_id, score), (body, tries, err) in zip(entries, details, strict=True)]
     return JobPage(queue=queue, state="running", total=int(total), offset=offset, limit=limit,
                    jobs=jobs)
 
