@@ -27,6 +27,7 @@ from bench import (
     master_bench,
     peer_runs,
     planner_bench,
+    retention_bench,
     shards_bench,
     sim_bench,
     suites,
@@ -36,7 +37,7 @@ from bench.common import ROOT, STATE_DIR, summary, versions
 RESULTS = ROOT / "bench" / "results"
 QCLUSTER_MEMORY = "qcluster master --slots Q=8"
 SUITES = ("consume", "enqueue", "host", "planner", "simulator", "memory", "latency", "async",
-          "shards", "fleet")
+          "shards", "fleet", "retention")
 
 
 def alternate(systems: dict[str, Callable[[], float]], repeat: int) -> dict[str, Any]:
@@ -133,6 +134,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             else "of a core"
         check(f"live fleet: {what}", check_row["value"] if check_row["value"] is not None
               else float("nan"), bound, unit, lower=True)
+    kept = results.get("retention")
+    if kept:
+        check("finished-job records (keep_finished_s=300 vs 0): slot+Redis CPU per job, "
+              "batch 100, Redis", kept["finished_records_overhead"] * 100, 5, "%", lower=True)
+        check("failure path: slot+Redis CPU per job of a raising handler, over a no-op (us)",
+              kept["failure_path_us_per_job"], None, "us")
     aio = results.get("async")
     if aio and async_bench.ARQ_ROW in aio:
         check("async handler, 10 ms await per job, batch/concurrency 100 vs arq max_jobs 100",
@@ -285,7 +292,8 @@ def _suites(args: argparse.Namespace, repeat: int, jobs: int, peer_jobs: int, pe
     return {"consume": consume_suite, "enqueue": enqueue_suite, "host": host_suite,
             "planner": planner_bench.run, "simulator": sim_bench.run, "memory": memory_suite,
             "latency": latency_suite, "async": async_suite, "shards": shards_suite,
-            "fleet": fleet_suite}
+            "fleet": fleet_suite,
+            "retention": lambda: retention_bench.run(5_000 if args.quick else 20_000, repeat)}
 
 
 def rerender() -> None:

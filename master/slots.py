@@ -82,11 +82,11 @@ class SlotRecord:
     def move(self, state: SlotState, reason: str) -> None:
         self.state, self.reason = state, reason
 
-    def info(self) -> SlotInfo:
+    def info(self, take: int | None = None) -> SlotInfo:
         return SlotInfo(
             slot_no=self.slot_no, pid=self.pid, queue=self.queue, state=self.state,
             started_at=self.started_at, jobs_done=self.jobs_done, pss_bytes=self.pss_bytes,
-            private_dirty_bytes=self.private_dirty_bytes,
+            private_dirty_bytes=self.private_dirty_bytes, take=take,
         )
 
 

@@ -197,6 +197,9 @@ class SlotInfo(_Msg):
     jobs_done: Count = 0
     pss_bytes: Bytes = 0
     private_dirty_bytes: Bytes = 0
+    take: int | None = None
+    """The lock token of the jobs the slot holds now (Redis: their lock's expiry, ms),
+    which a lookup matches to say where a running job runs; None: none, or not followed."""
 
 
 class QueueCounters(_Msg):

@@ -635,8 +635,12 @@ def _tail_args(settlement: Settlement, retention: DeadRetention) -> list[Any]:
     if not errors and not finished:
         return []
     args: list[Any] = [len(errors)]
+    texts: dict[int, str] = {}  # a batch that failed as one shares one error: encoded once
     for job_id, error in errors.items():
-        args += (_wire_id(job_id), error.to_json())
+        text = texts.get(id(error))
+        if text is None:
+            text = texts[id(error)] = error.to_json()
+        args += (_wire_id(job_id), text)
     return args + finished
 
 

@@ -55,12 +55,15 @@ class Lookups:
 
 def start(procs: Procs, broker_url: str, prefix: str, tmp_path: Path) -> int:
     config = tmp_path / "qcluster.toml"
-    config.write_text(f"[queues.{prefix}-flaky]\n[queues.{prefix}-poison]\n")
+    one_slot = "min_slots = 1\nmax_slots = 1\n"
+    config.write_text(f"[queues.{prefix}-flaky]\n{one_slot}[queues.{prefix}-poison]\n{one_slot}")
     port = free_port()
-    procs.start("master", "master", "--app", APP, "--broker", broker_url, "--slots",
-                f"{prefix}-flaky=1,{prefix}-poison=1", "--host-name", "lookup")
     procs.start("manager", "manager", "--config", str(config), "--broker", broker_url,
                 "--listen", f"127.0.0.1:{port}", "--interval", "0.5")
+    # Planned by the manager (one slot per queue), reporting to it: the report names the
+    # take each slot holds, which the lookup turns into a running job's host and slot.
+    procs.start("master", "master", "--app", APP, "--broker", broker_url, "--config",
+                str(config), "--host-name", "lookup", "--manager", f"http://127.0.0.1:{port}")
     wait_until(lambda: try_json(port, "/healthz"), timeout_s=30, message="manager up")
     return port
 
@@ -76,7 +79,11 @@ def test_each_state_in_turn(procs: Procs, broker_url: str, prefix: str, logs: Pa
                             tmp_path: Path) -> None:
     flaky, poison = enqueue(broker_url, prefix)
     look = Lookups(start(procs, broker_url, prefix, tmp_path), broker_url)
-    look.until(flaky, lambda job: job["state"] == "running", "the flaky job running")
+    look.until(flaky, lambda job: job["state"] == "running" and job["host"] is not None,
+               "the flaky job running, on the slot its master reports")
+    running = look.api(flaky)
+    assert running["host"] == "lookup" and running["slot"].startswith(f"{prefix}-flaky-")
+    assert running["started_at"] <= time.time() and running["attempts"] == 1, running
     assert look.cli(flaky)["state"] == "running"  # it waits for the gate
     (logs / "gate").touch()
     look.until(flaky, lambda job: job["state"] == "retrying", "the flaky job retrying")
