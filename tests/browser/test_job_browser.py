@@ -143,6 +143,19 @@ def test_running_jobs_search_traceback_and_per_job_actions(page: Page,
         page.fill('header input[name="id"]', "mail-42")
         page.click("header form.job-search button")
         assert page.locator("#job-state").inner_text() == "ready"
+
+        # Ticked rows, deleted together.
+        broker.purge(dead_queue)  # the requeued job, or the next take would get it
+        for n in (43, 44, 45):
+            dead_letter(broker, dead_queue, f"mail-{n}", {"n": n})
+        page.goto(f"{cluster.url}/queues/{dead_queue}/jobs?state=dead")
+        page.check('tr[data-job="mail-43"] input[type="checkbox"]')
+        page.check('tr[data-job="mail-45"] input[type="checkbox"]')
+        page.fill('#job-actions input[name="token"]', TOKEN)
+        page.click('button[data-action="delete-selected"]')
+        assert "Deleted 2 dead job" in page.locator("#jobs-done").inner_text()
+        left = page.locator("tr.job-row").evaluate_all("rows => rows.map(r => r.dataset.job)")
+        assert left == ["mail-44"]
     finally:
         broker.purge(dead_queue)
 
