@@ -325,14 +325,15 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
     if ratio > upper:
         above = Why("{} > {} +{:.0%}", basis, anchor, upper - 1)
         return _up(queue, want, ratio, band, Need(anchor, load, above, work=work)), counted
-    if ratio < 1 - band * LOWER_SHARE and anchor > policy.min_slots:
+    lower = band * LOWER_SHARE
+    if ratio < 1 - lower and anchor > policy.min_slots:
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
         edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
         return _down(queue, want, counted, edge_jobs, upper, Need(
-            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work=work)), counted
-    return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, band, upper - 1),
-                work=work), counted
+            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, lower), work=work)), counted
+    return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, lower,
+                                  upper - 1), work=work), counted
 
 
 def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -> Need:
