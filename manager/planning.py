@@ -88,6 +88,8 @@ IDLE_MIN_DRAIN_S = 10.0
 #: ... as many as drain it within this (faster is not worth the forks), one per batch at
 #: most, within max_slots, while the backlog lasts; then released by the usual hold.
 IDLE_DRAIN_S = 5.0
+#: ... and only when they would at least multiply the queue's slots by this much.
+IDLE_STEP = 1.5
 #: The band's lower side, as a share of it: a plan above what the work needs is slack that
 #: buys no wait (the rate fell); the hold still keeps it a while.
 LOWER_SHARE = 0.5
@@ -457,6 +459,10 @@ def use_idle(queues: Sequence[QueueInput], needs: Mapping[str, Need],
         have = granted[queue.name]
         wanted = min(math.ceil(arriving + backlog_s / IDLE_DRAIN_S), policy.max_slots,
                      have + math.ceil(backlog / policy.batch_size))
+        if wanted < have * IDLE_STEP:
+            # A backlog that grows while slots drain it slower than their job time says
+            # (a loaded host) would add a slot or two every round: one move, or none.
+            continue
         more = min(free, wanted - have)
         if more > 0:
             extra[queue.name] = more
