@@ -88,6 +88,8 @@ IDLE_MIN_DRAIN_S = 10.0
 #: ... as many as drain it within this (faster is not worth the forks), one per batch at
 #: most, within max_slots, while the backlog lasts; then released by the usual hold.
 IDLE_DRAIN_S = 5.0
+#: ... and only when they would at least multiply the queue's slots by this much.
+IDLE_STEP = 1.5
 #: The band's lower side, as a share of it: a plan above what the work needs is slack that
 #: buys no wait (the rate fell); the hold still keeps it a while.
 LOWER_SHARE = 0.5
@@ -325,14 +327,15 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
     if ratio > upper:
         above = Why("{} > {} +{:.0%}", basis, anchor, upper - 1)
         return _up(queue, want, ratio, band, Need(anchor, load, above, work=work)), counted
-    if ratio < 1 - band * LOWER_SHARE and anchor > policy.min_slots:
+    lower = band * LOWER_SHARE
+    if ratio < 1 - lower and anchor > policy.min_slots:
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
         edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
         return _down(queue, want, counted, edge_jobs, upper, Need(
-            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work=work)), counted
-    return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, band, upper - 1),
-                work=work), counted
+            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, lower), work=work)), counted
+    return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, lower,
+                                  upper - 1), work=work), counted
 
 
 def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -> Need:
@@ -456,6 +459,10 @@ def use_idle(queues: Sequence[QueueInput], needs: Mapping[str, Need],
         have = granted[queue.name]
         wanted = min(math.ceil(arriving + backlog_s / IDLE_DRAIN_S), policy.max_slots,
                      have + math.ceil(backlog / policy.batch_size))
+        if wanted < have * IDLE_STEP:
+            # A backlog that grows while slots drain it slower than their job time says
+            # (a loaded host) would add a slot or two every round: one move, or none.
+            continue
         more = min(free, wanted - have)
         if more > 0:
             extra[queue.name] = more
