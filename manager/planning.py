@@ -18,8 +18,9 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
 * up: once ``want`` stayed above the band for two rounds and the last move has landed
   (running == planned), to the least those rounds wanted; at once to ``ceil(want)`` when
   ``want`` is beyond the band by far;
-* down: only after ``want`` stayed below the band for ``hold_rounds(priority)`` rounds in a row (longer for higher priorities) over
-  at least ``MIN_RELEASE_JOBS`` jobs (or ``MAX_HOLD_ROUNDS`` rounds), then to the fewest slots
+* down: only after ``want`` stayed below the band for ``hold_rounds(priority)`` rounds in
+  a row (longer for higher priorities) over at least ``MIN_RELEASE_JOBS`` jobs (or
+  ``MAX_HOLD_ROUNDS`` rounds), then to the fewest slots
   that keep the most those rounds wanted (but the first two, which still count part of
   the old rate) within half the band's upper side;
 * a queue with backlog and no measurement yet is planned like any other, at the policy's
