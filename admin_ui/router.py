@@ -19,17 +19,31 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from qcluster.admin_ui.display import load_bar_percent, load_text
+from qcluster.admin_ui.job_routes import job_routes
+from qcluster.admin_ui.jobs_view import preview
 from qcluster.admin_ui.source import (
     ActionSource,
     BrokerNodesSource,
     ClusterSource,
     ControlSource,
+    JobSource,
     PeriodicSource,
 )
-from qcluster.admin_ui.views import age, history_charts, mib, sort_queues
+from qcluster.admin_ui.views import (
+    CELLS_SHOWN,
+    GRID_MAX_QUEUES,
+    age,
+    history_charts,
+    host_rows,
+    matching,
+    mib,
+    sort_queues,
+    state_counts,
+)
 from qcluster.broker.health import BrokerHealth
 from qcluster.controls import Control, utc_text
 from qcluster.errors import BrokerError, InvalidQueueName
+from qcluster.jobs import payload_of
 from qcluster.names import check_queue_name
 from qcluster.periodic import PeriodicJobView
 from qcluster.security import bearer_token
@@ -38,6 +52,11 @@ HERE = Path(__file__).parent
 REFRESH_S = 3
 PAYLOAD_PREVIEW_CHARS = 160
 DEAD_JOBS_SHOWN = 50
+#: The overview's queue table shows this many rows in the chosen order (``?all=1``: every
+#: one): at 150 queues the whole table was most of the page's weight in the browser.
+QUEUES_SHOWN = 30
+#: The overview's newest decisions (the manager keeps more: /api/v1/cluster has them).
+DECISIONS_SHOWN = 50
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 #: What the overview says after a button did its work (``/?done=KIND&name=NAME``): fixed
@@ -57,14 +76,26 @@ def build_router(source: ClusterSource) -> APIRouter:
 
     @router.get("/", response_class=HTMLResponse)
     def overview(request: Request, sort: str = "priority", dir: str = "desc",
-                 done: str = "", name: str = "") -> Response:
+                 done: str = "", name: str = "", q: str = "", host: str = "",
+                 all: bool = False) -> Response:
         view = source.cluster_view()
-        queues = sort_queues(list(view.queues), sort, dir)
-        queue_names = sorted(q.name for q in view.queues)
+        all_names = sorted(queue.name for queue in view.queues)
+        queue_names = matching(all_names, q)
+        shown = set(queue_names)
+        queues = sort_queues([queue for queue in view.queues if queue.name in shown], sort, dir)
         controls = _controls(source)
         actions = isinstance(source, ActionSource)
+        drained = {c.name for c in controls if c.kind == "drain"}
+        rows = host_rows(list(view.hosts), drained)
+        hosts = set(matching([r.host.name for r in rows], host))
         return templates.TemplateResponse(request, "index.html", _context(
             request, view=view, queues=queues, queue_names=queue_names, sort=sort, dir=dir,
+            q=q, host=host, all_queues=len(all_names), matched=len(queues),
+            queues_shown=queues if all else queues[:QUEUES_SHOWN], show_all=all,
+            decisions=view.decisions[:DECISIONS_SHOWN],
+            rows=[r for r in rows if r.host.name in hosts],
+            host_states=state_counts(rows), grid=len(queue_names) <= GRID_MAX_QUEUES,
+            cells_shown=CELLS_SHOWN, grid_max=GRID_MAX_QUEUES,
             now=view.generated_at or time.time(), controls=controls,
             periodic=_periodic_jobs(source), broker=_broker_nodes(source),
             paused_by={c.name: c for c in controls if c.kind == "pause"},
@@ -82,12 +113,24 @@ def build_router(source: ClusterSource) -> APIRouter:
         return templates.TemplateResponse(request, "queue.html", _context(
             request, queue=queue, charts=history_charts(source.queue_history(name)),
             dead=source.dead_jobs(name, limit=DEAD_JOBS_SHOWN), dead_limit=DEAD_JOBS_SHOWN,
-            preview=PAYLOAD_PREVIEW_CHARS, requeued=requeued,
+            payload=_payload_preview, requeued=requeued,
             paused=next((c for c in _controls(source)
                          if c.kind == "pause" and c.name == name), None),
             decisions=[d for d in view.decisions if d.queue == name][:20],
             broker=_broker_nodes(source),
         ))
+
+    @router.get("/hosts/{name}", response_class=HTMLResponse)
+    def host_detail(request: Request, name: str) -> Response:
+        view = source.cluster_view()
+        drained = {c.name for c in _controls(source) if c.kind == "drain"}
+        row = next((r for r in host_rows(list(view.hosts), drained) if r.host.name == name),
+                   None)
+        if row is None:
+            return _message(request, "Unknown host", f"No host named {name!r} has reported.",
+                            404)
+        return templates.TemplateResponse(request, "host.html", _context(
+            request, row=row, now=view.generated_at or time.time()))
 
     @router.post("/queues/{name}/requeue", response_class=HTMLResponse)
     def requeue(request: Request, name: str, token: str = Form("")) -> Response:
@@ -109,6 +152,8 @@ def build_router(source: ClusterSource) -> APIRouter:
 
     if isinstance(source, ActionSource):
         _action_routes(router, source)
+    if isinstance(source, JobSource):
+        job_routes(router, source, templates, _context)
     return router
 
 
@@ -189,6 +234,11 @@ def _periodic_jobs(source: ClusterSource) -> list[PeriodicJobView]:
 
 def _broker_nodes(source: ClusterSource) -> BrokerHealth | None:
     return source.broker_nodes() if isinstance(source, BrokerNodesSource) else None
+
+
+def _payload_preview(body: str) -> str:
+    """A dead letter's payload on one line, out of its stored envelope."""
+    return preview(payload_of(body), PAYLOAD_PREVIEW_CHARS)
 
 
 def _utc(at: float) -> str:

@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 from qcluster.broker.base import DeadJob
 from qcluster.broker.health import BrokerHealth
 from qcluster.controls import Control
+from qcluster.jobs import JobInfo, JobPage
 from qcluster.messages import ClusterView, HistoryPoint
 from qcluster.periodic import PeriodicJobView
 
@@ -105,4 +106,31 @@ class ActionSource(Protocol):
     def reload_status(self) -> dict[str, Any] | None:
         """The rollout running or the last one: ``{id, by, state, note, hosts: [{host,
         state, note, ...}]}`` (docs/manager.md); None: none yet."""
+        ...
+
+
+@runtime_checkable
+class JobSource(Protocol):
+    """A source that finds jobs and lists a queue's jobs by state (the manager: the same
+    broker calls as its job routes, docs/api.md). Without it the pages have no job browser."""
+
+    def find_job(self, job_id: str) -> JobInfo | None:
+        """Where the job is and since when; None when no queue holds it. Raises BrokerError."""
+        ...
+
+    def job_page(self, queue: str, state: str, offset: int, limit: int) -> JobPage:
+        """A page of the queue's running, delayed, retrying or dead jobs (dead: newest
+        first). Raises BrokerError; NotImplementedError when the backend cannot list."""
+        ...
+
+    def requeue_dead_jobs(self, queue: str, ids: list[str]) -> int:
+        """Requeue these dead letters (caller checks the token); returns how many."""
+        ...
+
+    def delete_dead_jobs(self, queue: str, ids: list[str]) -> int:
+        """Delete these dead letters (caller checks the token); returns how many."""
+        ...
+
+    def check_token(self, token: str | None) -> bool:
+        """As :meth:`ClusterSource.check_token`."""
         ...

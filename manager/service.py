@@ -15,6 +15,7 @@ from typing import Any
 from qcluster.broker.base import Broker, DeadJob
 from qcluster.broker.health import BrokerHealth
 from qcluster.controls import UNNAMED_TOKEN, Control
+from qcluster.jobs import JobInfo, JobPage
 from qcluster.manager.broker_watch import BROKER_CHECK_INTERVAL_S
 from qcluster.manager.controls import ControlStore
 from qcluster.manager.periodic import PeriodicJobView
@@ -44,6 +45,8 @@ class ManagerService(RoundLoop):
         if token:
             self.tokens[UNNAMED_TOKEN] = token
         self.queue_rows = QueueRows()
+        self.learned: Any = None
+        """The masters' ``@app.periodic`` declarations (manager/learned_periodic.py)."""
 
     # --- commands: the routes' and the masters' ------------------------------------
 
@@ -121,6 +124,27 @@ class ManagerService(RoundLoop):
         with self.broker_lock:
             return self.broker.requeue_dead(queue)
 
+    # --- JobSource (admin_ui.source): the broker calls of the job routes (api_jobs) ---
+
+    def find_job(self, job_id: str) -> JobInfo | None:
+        from qcluster.manager.api_jobs import known_queues  # the route's queues to look in
+
+        queues = known_queues(self)
+        with self.broker_lock:
+            return self.broker.job(job_id, queues=queues)
+
+    def job_page(self, queue: str, state: str, offset: int, limit: int) -> JobPage:
+        with self.broker_lock:
+            return self.broker.job_page(queue, state, offset=offset, limit=limit)
+
+    def requeue_dead_jobs(self, queue: str, ids: list[str]) -> int:
+        with self.broker_lock:
+            return self.broker.requeue_dead(queue, ids)
+
+    def delete_dead_jobs(self, queue: str, ids: list[str]) -> int:
+        with self.broker_lock:
+            return self.broker.delete_dead(queue, ids)
+
     def check_token(self, token: str | None) -> bool:
         return self.token_name(token) is not None
 
@@ -136,8 +160,10 @@ class ManagerService(RoundLoop):
         return found
 
     def periodic_jobs(self) -> list[PeriodicJobView]:
-        """The periodic jobs with their last and next run (the admin page)."""
-        return self.periodic.views() if self.periodic is not None else []
+        """The periodic jobs with their last and next run (the admin page), and those that
+        wait for a master's declaration (``learned``)."""
+        found = self.periodic.views() if self.periodic is not None else []
+        return found + (self.learned.pending_views() if self.learned is not None else [])
 
     def broker_nodes(self) -> BrokerHealth | None:
         """The broker's nodes and each queue's node, as last read (None: not read yet)."""

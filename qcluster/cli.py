@@ -193,13 +193,13 @@ def broker_status(config: ConfigOpt = None, broker: BrokerOpt = None) -> None:
     queue_broker.close()
     state_dir = _embedded_dir(settings)
     if state_dir is None:
-        out.print(escape(f"{url}: answers"), highlight=False)
+        out.print(escape(f"{url}: answers"), highlight=False, soft_wrap=True)
         return
     pids = users(state_dir)
     out.print(escape(f"{url}: running (redis-server pid {server_pid(state_dir)}); used by "
                      + (f"qcluster process(es) {', '.join(map(str, pids))}" if pids
                         else "no qcluster process (qcluster broker stop stops it)")),
-              highlight=False)
+              highlight=False, soft_wrap=True)
 
 
 @broker_cli.command("stop")
@@ -221,7 +221,7 @@ def broker_stop(
                                 "configuration names another broker (--broker / broker_url)")
         if not running(state_dir):
             out.print(escape(f"no embedded broker is running in {state_dir.resolve()}"),
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
             return
         pids = users(state_dir)
         if pids and not force:
@@ -229,7 +229,8 @@ def broker_stop(
                               f"qcluster process(es) {', '.join(map(str, pids))}: stop them "
                               "(it stops with the last one), or give --force")
         stop_embedded(state_dir)
-    out.print(escape(f"stopped the embedded broker in {state_dir.resolve()}"), highlight=False)
+    out.print(escape(f"stopped the embedded broker in {state_dir.resolve()}"), highlight=False,
+              soft_wrap=True)
 
 
 def _embedded_dir(settings: Settings) -> Path | None:

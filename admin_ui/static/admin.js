@@ -8,10 +8,15 @@
   if (!seconds) { return; }
 
   function typing() {
-    // Never wipe what an operator is typing (the token field of the requeue form).
-    var inputs = document.querySelectorAll("#live input");
+    // Never wipe what an operator is typing (a token field, a filter being changed); a
+    // filter already applied holds the value it was rendered with, and refreshes go on.
+    var inputs = document.querySelectorAll("#live input:not([type=hidden])");
     for (var i = 0; i < inputs.length; i++) {
-      if (inputs[i].value || inputs[i] === document.activeElement) { return true; }
+      var input = inputs[i];
+      if (input.value !== input.defaultValue || input.checked !== input.defaultChecked ||
+          input === document.activeElement) {
+        return true;  // a ticked row of the job browser counts too
+      }
     }
     return false;
   }

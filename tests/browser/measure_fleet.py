@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -23,6 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from tests.brokers import PrivateRedis, free_port
 from tests.browser.conftest import CHROMIUM_ARGS
@@ -56,19 +59,40 @@ def _wait_ready(url: str, hosts: int) -> None:
     raise SystemExit("the manager never showed every host")
 
 
-def _api(url: str, samples: int) -> dict[str, Any]:
+def _cpu_s(processes: list[psutil.Process]) -> float:
+    """CPU seconds (user + system) the processes used so far: on a shared, loaded machine
+    the CPU a page costs says more than its wall-clock time."""
+    total = 0.0
+    for proc in processes:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _browser_processes() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True)
+            if "chrom" in p.name().lower()]
+
+
+def _api(url: str, samples: int, manager: psutil.Process) -> dict[str, Any]:
     times, size = [], 0
+    cpu_before = _cpu_s([manager])
     for _ in range(samples):
         started = time.perf_counter()
         with urllib.request.urlopen(url + "/api/v1/cluster", timeout=30) as response:
             size = len(response.read())
         times.append(time.perf_counter() - started)
+    cpu = (_cpu_s([manager]) - cpu_before) / samples
     times.sort()
     return {"bytes": size, "p50_ms": round(statistics.median(times) * 1000, 1),
-            "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1)}
+            "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1),
+            "manager_cpu_ms_per_request_reports_included": round(cpu * 1000, 1)}
 
 
-def _page(url: str, path: str, loads: int) -> dict[str, Any]:
+def _page(url: str, path: str, loads: int, manager: psutil.Process) -> dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
     chromium = shutil.which("chromium")
@@ -77,16 +101,23 @@ def _page(url: str, path: str, loads: int) -> dict[str, Any]:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1440, "height": 900})
-        times = []
+        page.goto(url + path, wait_until="load")  # the browser's own start is not counted
+        times, cpus, server = [], [], []
         for _ in range(loads):
+            browser_procs = _browser_processes()
+            cpu_before, server_before = _cpu_s(browser_procs), _cpu_s([manager])
             started = time.perf_counter()
             page.goto(url + path, wait_until="load")
             times.append(time.perf_counter() - started)
+            cpus.append(_cpu_s(browser_procs) - cpu_before)
+            server.append(_cpu_s([manager]) - server_before)
         dom = page.evaluate("document.documentElement.outerHTML.length")
         elements = page.evaluate("document.getElementsByTagName('*').length")
         browser.close()
     times.sort()
     return {"path": path, "load_ms": [round(t * 1000) for t in times],
+            "browser_cpu_ms": sorted(round(c * 1000) for c in cpus),
+            "manager_cpu_ms_reports_included": sorted(round(c * 1000) for c in server),
             "median_ms": round(statistics.median(times) * 1000), "dom_chars": dom,
             "elements": elements}
 
@@ -110,6 +141,7 @@ def main() -> None:
         manager = subprocess.Popen(
             [sys.executable, "-m", "qcluster", "manager", "--config", str(config), "--broker",
              redis.url, "--listen", f"127.0.0.1:{port}", "--log-level", "WARNING"])
+        process = psutil.Process(manager.pid)
         stop = threading.Event()
         try:
             time.sleep(1.0)
@@ -119,9 +151,10 @@ def main() -> None:
             _wait_ready(url, args.hosts)
             time.sleep(4.0)  # a few rounds planned
             result = {"hosts": args.hosts, "queues": args.queues, "slots": args.slots,
-                      "cluster_api": _api(url, args.samples),
-                      "overview": _page(url, "/", args.loads),
-                      "queue_page": _page(url, f"/queues/{names[0]}", args.loads)}
+                      "loadavg": os.getloadavg(),
+                      "cluster_api": _api(url, args.samples, process),
+                      "overview": _page(url, "/", args.loads, process),
+                      "queue_page": _page(url, f"/queues/{names[0]}", args.loads, process)}
             print(json.dumps(result, indent=1))
         finally:
             stop.set()
