@@ -131,7 +131,7 @@ def dead(
         out.print_json(json.dumps(body))
         return
     table = Table("id", "dead at", "attempts", "reason", "last error", "payload",
-                  title=f"{queue}: {total} dead letter(s)")
+                  title=escape(f"{queue}: {total} dead letter(s)"))
     for one in jobs:
         error = f"{one.error.type}: {one.error.message}" if one.error else ""
         table.add_row(escape(one.id), utc_text(one.dead_at, "%Y-%m-%d %H:%M:%S"),
