@@ -1,7 +1,8 @@
 """`make bench`: every suite in one run, systems alternating (A B C A B C ...), medians.
 
     python -m bench [--quick]
-                    [--only consume,enqueue,host,planner,simulator,memory,latency,async,shards]
+                    [--only consume,enqueue,host,planner,simulator,simreal,memory,latency,async,
+                           shards]
                     [--repeat N] [--jobs N] [--peer-jobs N] [--no-peers]
 
 The peers (Celery, Dramatiq, RQ, arq) are installed on first use into bench/.peers/<name>.
@@ -27,16 +28,18 @@ from bench import (
     master_bench,
     peer_runs,
     planner_bench,
+    retention_bench,
     shards_bench,
     sim_bench,
+    sim_vs_real,
     suites,
 )
 from bench.common import ROOT, STATE_DIR, summary, versions
 
 RESULTS = ROOT / "bench" / "results"
 QCLUSTER_MEMORY = "qcluster master --slots Q=8"
-SUITES = ("consume", "enqueue", "host", "planner", "simulator", "memory", "latency", "async",
-          "shards", "fleet")
+SUITES = ("consume", "enqueue", "host", "planner", "simulator", "simreal", "memory", "latency",
+          "async", "shards", "fleet", "retention")
 
 
 def alternate(systems: dict[str, Callable[[], float]], repeat: int) -> dict[str, Any]:
@@ -114,6 +117,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if sim:
         check("simulate 24 h, 150 queues x 40 hosts, one core (CPU s)", sim["cpu_s"],
               sim["target_s"], "s", lower=True)
+    simreal = results.get("simreal")
+    if simreal:
+        for key, goal in simreal["targets"].items():
+            worst = max((abs(row["error"][key] or 0.0) for row in simreal["queues"].values()),
+                        default=0.0)
+            check(f"simulated vs real demo run, worst queue's {key} error", worst * 100,
+                  goal * 100, "%", lower=True)
     m = results.get("memory")
     if m:
         check("8 slots of the 100 MB app: total PSS / one process",
@@ -133,6 +143,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             else "of a core"
         check(f"live fleet: {what}", check_row["value"] if check_row["value"] is not None
               else float("nan"), bound, unit, lower=True)
+    kept = results.get("retention")
+    if kept:
+        check("finished-job records (keep_finished_s=300 vs 0): slot+Redis CPU per job, "
+              "batch 100, Redis", kept["finished_records_overhead"] * 100, 5, "%", lower=True)
+        check("failure path: slot+Redis CPU per job of a raising handler, over a no-op (us)",
+              kept["failure_path_us_per_job"], None, "us")
     aio = results.get("async")
     if aio and async_bench.ARQ_ROW in aio:
         check("async handler, 10 ms await per job, batch/concurrency 100 vs arq max_jobs 100",
@@ -156,7 +172,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += _memory_table(results["memory"])
     if "fleet" in results:
         lines += fleet.markdown_rows(results["fleet"]["rows"])
-    for suite in ("host", "planner", "simulator", "latency", "shards"):
+    for suite in ("host", "planner", "simulator", "simreal", "latency", "shards"):
         if suite in results:
             lines += [f"## {suite}", "", "```json", json.dumps(results[suite], indent=2), "```",
                       ""]
@@ -283,9 +299,11 @@ def _suites(args: argparse.Namespace, repeat: int, jobs: int, peer_jobs: int, pe
                          20.0 if args.quick else 60.0)
 
     return {"consume": consume_suite, "enqueue": enqueue_suite, "host": host_suite,
-            "planner": planner_bench.run, "simulator": sim_bench.run, "memory": memory_suite,
+            "planner": planner_bench.run, "simulator": sim_bench.run,
+            "simreal": sim_vs_real.run, "memory": memory_suite,
             "latency": latency_suite, "async": async_suite, "shards": shards_suite,
-            "fleet": fleet_suite}
+            "fleet": fleet_suite,
+            "retention": lambda: retention_bench.run(5_000 if args.quick else 20_000, repeat)}
 
 
 def rerender() -> None:

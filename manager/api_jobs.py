@@ -65,7 +65,35 @@ def job(job_id: JobIdPath, service: ServiceDep) -> JobInfo:
     if found is None:
         raise HTTPException(404, f"no job {job_id} in any queue (finished jobs are "
                                  "remembered for their queue's keep_finished_s only)")
-    return found
+    return placed(service, [found])[0]
+
+
+def placed(service: ManagerService, jobs: list[JobInfo]) -> list[JobInfo]:
+    """Running jobs with the host and slot that hold them and since when: each master
+    reports the lock token of every slot's current take (SlotInfo.take), and a running
+    job's lock carries the same token; the take started one lock_timeout before it."""
+    tokens = {job.lock_token for job in jobs if job.lock_token is not None}
+    if not tokens:
+        return jobs
+    with service.lock:
+        now = service.clock()
+        holders: dict[tuple[str, int | None], tuple[str, str]] = {
+            (slot.queue, slot.take): (host, f"{slot.queue}-{slot.slot_no}")
+            for host, entry in service.state.reporting_hosts(now).items()
+            for slot in entry.report.slots if slot.take in tokens}
+        policies = service.state.policies(now)
+    out = []
+    for job in jobs:
+        where = holders.get((job.queue or "", job.lock_token))
+        policy = policies.get(job.queue or "")
+        if job.lock_token is None or where is None:
+            out.append(job if job.lock_token is None else job.model_copy(update={
+                "note": "no master reports the slot holding it (yet)"}))
+            continue
+        started = job.lock_token / 1000 - policy.lock_timeout if policy else None
+        out.append(job.model_copy(update={"host": where[0], "slot": where[1],
+                                          "started_at": started, "since": started}))
+    return out
 
 
 @router.get("/api/v1/queues/{queue}/jobs")
@@ -74,8 +102,9 @@ def jobs(queue: NamePath, service: ServiceDep,
          offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
          limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> JobPage:
     """A page of the queue's jobs in ``state``; dead letters newest first."""
-    return on_broker(service, lambda: service.broker.job_page(
+    page = on_broker(service, lambda: service.broker.job_page(
         queue, state, offset=offset, limit=limit))
+    return page.model_copy(update={"jobs": placed(service, page.jobs)})
 
 
 @router.post("/api/v1/queues/{queue}/dead/requeue", dependencies=GUARDED)

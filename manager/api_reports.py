@@ -30,6 +30,8 @@ def report(body: HostReport, service: ServiceDep, request: Request) -> Assignmen
             refused.add(body.host)
             logger.error("refused the report of %s", refusal)
         raise HTTPException(409, refusal)
+    if service.learned is not None:
+        service.learned.learn(body.host, body.periodic)
     return service.receive(body)
 
 

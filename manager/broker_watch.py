@@ -110,7 +110,8 @@ class BrokerWatch:
             except BrokerError as exc:
                 logger.warning("broker queue listing failed: %s", exc)
                 self.note_read(exc)
-        self.undeclared.warn(undeclared)
+        # Before any master reported, every queue looks undeclared: no warning yet.
+        self.undeclared.warn(undeclared if declared else None)
         with self.lock:
             self.state.set_broker_warnings(undeclared=undeclared, durability=durability)
         self.read_health()
@@ -148,7 +149,8 @@ class BrokerWatch:
                 return
         if fresh is None:
             return
-        self.undeclared.warn(fresh)  # every shown queue was read again: fresh is the list
+        # (every shown queue was read again: fresh is the list; none before masters report)
+        self.undeclared.warn(fresh if declared else None)
         with self.lock:
             self.state.set_broker_warnings(undeclared=fresh)
 

@@ -70,6 +70,8 @@ def manager(
     import uvicorn
 
     from qcluster.manager.api import create_app
+    from qcluster.manager.learned_periodic import LearnedPeriodic
+    from qcluster.manager.periodic import app_for_periodic
     from qcluster.manager.recorder import recorder_for
     from qcluster.manager.service import ManagerService
     from qcluster.manager.serving import uvicorn_options
@@ -100,6 +102,9 @@ def manager(
         service = ManagerService(ClusterState(settings), broker_conn, settings.token,
                                  recorder=recorder,
                                  tokens={LOCAL_TOKEN_NAME: local} if local else None)
+        application = app_for_periodic(settings)
+        service.learned = LearnedPeriodic(
+            service, settings, application.periodic_jobs if application else None)
         app = create_app(service, loopback=address.loopback)
         app.state.cluster = identity  # masters on another broker are refused (api_reports)
         app.state.local_token_only = local is not None

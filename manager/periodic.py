@@ -13,10 +13,10 @@ The guarantee: each tick is enqueued exactly once, whatever happens to a call (a
 reply, a reset, a retry, a failover, this manager killed): the tick's job id and body
 depend only on the job and the tick, a call that raised is left to the next pass, which
 reads the record again and calls again if the tick is not recorded. Where a backend
-cannot make this exact, :meth:`Broker.publish_tick` of that backend says what can happen
-(docs/operations.md, "Periodic jobs"). If the job reached a Redis master but too few
-replicas confirmed it (``ReplicationUnconfirmed``), it is enqueued and recorded (a
-failover before a replica copies it may lose it, as any publish).
+cannot make this exact, docs/operations.md says what can happen ("Publishing and periodic
+jobs"). If the job reached a Redis master but too few replicas confirmed it
+(``ReplicationUnconfirmed``), it is enqueued and recorded (a failover before a replica
+copies it may lose it, as any publish).
 
 A record in the broker that cannot be a tick (not a number, or later than this manager's
 clock allows) stops only its own job, with a warning; the lock that serialises the
@@ -42,6 +42,7 @@ from qcluster.errors import (
     ReplicationUnconfirmed,
 )
 from qcluster.job import Envelope
+from qcluster.manager.learned_periodic import without_partial
 from qcluster.periodic import (
     PeriodicJobView,
     PeriodicSpec,
@@ -97,7 +98,9 @@ def app_for_periodic(settings: Settings) -> App | None:
 def ticker_for(settings: Settings, broker: Broker, broker_lock: threading.Lock,
                clock: Callable[[], float] = time.time) -> PeriodicTicker | None:
     """The manager's ticker, or None when no periodic job is declared."""
-    jobs = configured_jobs(settings, app_for_periodic(settings))
+    app = app_for_periodic(settings)
+    # without the app, a [periodic.NAME] changing its declaration waits for a master's report
+    jobs = configured_jobs(settings if app is not None else without_partial(settings), app)
     if not jobs:
         return None
     return PeriodicTicker(jobs, broker, broker_lock, clock)

@@ -18,8 +18,9 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
 * up: once ``want`` stayed above the band for two rounds and the last move has landed
   (running == planned), to the least those rounds wanted; at once to ``ceil(want)`` when
   ``want`` is beyond the band by far;
-* down: only after ``want`` stayed below the band for ``hold_rounds(priority)`` rounds in a
-  row (longer for higher priorities) over at least 200 jobs, then to the fewest slots
+* down: only after ``want`` stayed below the band's lower side (``LOWER_SHARE`` of the
+  band) for ``hold_rounds(priority)`` rounds in a row (longer for higher priorities) over
+  at least ``MIN_RELEASE_JOBS`` jobs (or ``MAX_HOLD_ROUNDS`` rounds), then to the fewest slots
   that keep the most those rounds wanted (but the first two, which still count part of
   the old rate) within half the band's upper side;
 * a queue with backlog and no measurement yet is planned like any other, at the policy's
@@ -66,12 +67,12 @@ UP_ROUNDS = 2
 #: per priority step (a high-priority queue keeps its slots for the next burst), the limits.
 BASE_HOLD_ROUNDS = 5
 MIN_HOLD_ROUNDS = 3
-MAX_HOLD_ROUNDS = 30
+MAX_HOLD_ROUNDS = 10
 #: The first rounds below the band still count part of the old rate (reports lag): their
 #: want does not set where a release lands.
 SETTLE_ROUNDS = 2
 #: A release needs this many jobs counted below the band (fewer: the count is noise).
-MIN_RELEASE_JOBS = 200
+MIN_RELEASE_JOBS = 50
 #: The arrival estimate: a round's count moves the running estimate by this share, unless it
 #: is more than JUMP_SIGMAS Poisson deviations from it (the rate changed: take it at once).
 SMOOTHING = 0.25
@@ -87,6 +88,11 @@ IDLE_MIN_DRAIN_S = 10.0
 #: ... as many as drain it within this (faster is not worth the forks), one per batch at
 #: most, within max_slots, while the backlog lasts; then released by the usual hold.
 IDLE_DRAIN_S = 5.0
+#: ... and only when they would at least multiply the queue's slots by this much.
+IDLE_STEP = 1.5
+#: The band's lower side, as a share of it: a plan above what the work needs is slack that
+#: buys no wait (the rate fell); the hold still keeps it a while.
+LOWER_SHARE = 0.5
 #: A periodic queue's slot is started this long before its next tick (a fork and an
 #: import), plus a round (the next round may come too late).
 PREWARM_S = 5.0
@@ -282,7 +288,10 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
         floor, why = 1, Why("{}; periodic tick in {:.0f}s", why, tick)
     floor = min(floor, policy.max_slots)
     if need.needed >= floor:
-        return replace(need, quiet_s=quiet)
+        # The Need was just built for this round and is not shared yet: set in place
+        # (dataclasses.replace costs about 10 us, every queue, every round).
+        object.__setattr__(need, "quiet_s", quiet)
+        return need
     spare = need.spare + (floor - need.needed if window.backlog == 0 else 0)
     return replace(need, needed=floor, why=why, spare=spare, quiet_s=quiet)
 
@@ -318,14 +327,15 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
     if ratio > upper:
         above = Why("{} > {} +{:.0%}", basis, anchor, upper - 1)
         return _up(queue, want, ratio, band, Need(anchor, load, above, work=work)), counted
-    if ratio < 1 - band and anchor > policy.min_slots:
+    lower = band * LOWER_SHARE
+    if ratio < 1 - lower and anchor > policy.min_slots:
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
         edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
         return _down(queue, want, counted, edge_jobs, upper, Need(
-            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, band), work=work)), counted
-    return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, band, upper - 1),
-                work=work), counted
+            anchor, load, Why("{} < {} -{:.0%}", basis, anchor, lower), work=work)), counted
+    return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, lower,
+                                  upper - 1), work=work), counted
 
 
 def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need) -> Need:
@@ -449,6 +459,10 @@ def use_idle(queues: Sequence[QueueInput], needs: Mapping[str, Need],
         have = granted[queue.name]
         wanted = min(math.ceil(arriving + backlog_s / IDLE_DRAIN_S), policy.max_slots,
                      have + math.ceil(backlog / policy.batch_size))
+        if wanted < have * IDLE_STEP:
+            # A backlog that grows while slots drain it slower than their job time says
+            # (a loaded host) would add a slot or two every round: one move, or none.
+            continue
         more = min(free, wanted - have)
         if more > 0:
             extra[queue.name] = more

@@ -45,6 +45,8 @@ class ManagerService(RoundLoop):
         if token:
             self.tokens[UNNAMED_TOKEN] = token
         self.queue_rows = QueueRows()
+        self.learned: Any = None
+        """The masters' ``@app.periodic`` declarations (manager/learned_periodic.py)."""
 
     # --- commands: the routes' and the masters' ------------------------------------
 
@@ -158,8 +160,10 @@ class ManagerService(RoundLoop):
         return found
 
     def periodic_jobs(self) -> list[PeriodicJobView]:
-        """The periodic jobs with their last and next run (the admin page)."""
-        return self.periodic.views() if self.periodic is not None else []
+        """The periodic jobs with their last and next run (the admin page), and those that
+        wait for a master's declaration (``learned``)."""
+        found = self.periodic.views() if self.periodic is not None else []
+        return found + (self.learned.pending_views() if self.learned is not None else [])
 
     def broker_nodes(self) -> BrokerHealth | None:
         """The broker's nodes and each queue's node, as last read (None: not read yet)."""

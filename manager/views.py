@@ -104,5 +104,5 @@ def host_view(host: HostSnapshot) -> HostView:
         slots=running_row(report), planned=dict(host.planned),
         mem_available_bytes=report.facts.mem_available_bytes,
         pss_total_bytes=report.facts.pss_total_bytes, loadavg=report.facts.loadavg,
-        last_report_at=host.entry.received_at, code=report.code,
+        last_report_at=host.entry.received_at, code=report.code, fatal=dict(report.fatal),
     )

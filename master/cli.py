@@ -135,6 +135,7 @@ def _prepare(settings: Settings, slots: str | None, host_name: str | None, liste
     from qcluster.master.supervisor import Supervisor
     from qcluster.master.template import TemplateSpec
     from qcluster.security import check_server_security, parse_listen
+    from qcluster.slot import identity
     from qcluster.slot.runtime import run_slot
 
     if not settings.app:
@@ -148,6 +149,8 @@ def _prepare(settings: Settings, slots: str | None, host_name: str | None, liste
         raise ConfigError(f"--host-name: {name!r} is not a valid host name for the manager "
                           "(1-128 letters, digits, '_', '.', ':' or '-', starting with a "
                           "letter or digit)")
+    identity.set_identity(name)  # the slots it forks inherit it (process titles, errors)
+    identity.set_title("master", with_generation=False)
     if metrics_on:
         directory = settings.metrics_dir or metrics.default_metrics_dir(name)
         clear_metric_files(Path(directory))
@@ -161,7 +164,8 @@ def _prepare(settings: Settings, slots: str | None, host_name: str | None, liste
     # A reload's template imports the app as here, re-reading the same configuration.
     spec = TemplateSpec(app=settings.app, config=str(config) if config else None,
                         broker_url=settings.broker_url, state_dir=str(settings.state_dir),
-                        master_pid=0, log_level=log_level, metrics=metrics_on)
+                        master_pid=0, log_level=log_level, metrics=metrics_on,
+                        host_name=name)
     supervisor = Supervisor(application, settings, host_name=name, fixed_row=row,
                             run_slot=run_slot, version=code_version(application, settings.app),
                             template_spec=spec)

@@ -145,6 +145,16 @@ class SlotChannels:
             logger.warning("slot pid %d: unreadable take progress: %s", pid, exc)
             return None
 
+    def takes(self) -> dict[int, int]:
+        """Each slot's lock token of the take it holds now, by pid (a few bytes read per
+        slot from the shared TakeProgress; slots whose take is not followed are left out)."""
+        found = {}
+        for pid, channel in self._channels.items():
+            receipt = channel.progress.receipt() if channel.progress is not None else None
+            if receipt is not None:
+                found[pid] = receipt
+        return found
+
     def forget(self, pid: int) -> None:
         channel = self._channels.pop(pid, None)
         if channel is not None:

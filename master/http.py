@@ -131,13 +131,15 @@ def _settled_files_collector(registry: Any) -> None:
     empty raised ``struct.error``, so the scrape got no response at all."""
     from prometheus_client.multiprocess import MultiProcessCollector
 
+    directory = os.environ[metrics.ENV_DIR]  # (set: multiprocess_enabled)
+
     class SettledFiles(MultiProcessCollector):
         def collect(self) -> Any:
-            files = [path for path in glob.glob(os.path.join(self._path, "*.db"))
+            files = [path for path in glob.glob(os.path.join(directory, "*.db"))
                      if _size(path) > 0]
             return self.merge(files, accumulate=True)
 
-    SettledFiles(registry)
+    SettledFiles(registry, path=directory)
 
 
 def _size(path: str) -> int:

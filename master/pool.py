@@ -179,7 +179,7 @@ class SlotPool:
             # (its restart waits the base delay, as after a completed batch). A poison-only
             # queue otherwise waited up to 60 s a restart, no batch ever completing there.
             self.backoff.on_batch_done(slot.queue)
-        fatal = self.backoff.on_restart(slot.queue, reason, now)
+        fatal = self.backoff.on_restart(slot.queue, reason, now, slot.refused)
         if fatal:
             logger.error("queue %s is fatal on this host: %s", slot.queue, fatal)
 

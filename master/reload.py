@@ -108,7 +108,7 @@ class CodeSources:
         self.previous: CodeSource | None = None
         """What ``serving`` replaces while rolling (an abort goes back to it)."""
         self.loading: Template | None = None
-        self._next_generation = base.generation + 1
+        self.next_generation = base.generation + 1
 
     def policies(self) -> dict[str, QueuePolicy]:
         """Every queue a live slot may run, the newest code's policy first."""
@@ -135,8 +135,8 @@ class CodeSources:
         ``previous`` (a rolling reload this one supersedes is ended instead)."""
         assert self.loading is not None
         self.pool.channels.unwatch(self.loading.sock)  # its replies are read where asked for
-        source = CodeSource(self._next_generation, ready.version, ready.queues, self.loading)
-        self._next_generation += 1
+        source = CodeSource(self.next_generation, ready.version, ready.queues, self.loading)
+        self.next_generation += 1
         self.loading = None
         if self.previous is None:
             self.previous = self.serving
@@ -233,7 +233,8 @@ class Reloader:
     def start(self, why: str, now: float) -> None:
         """Import the newest code in a fresh template (a loading one is ended first)."""
         self.code.drop_loading()
-        spec = self._spec.model_copy(update={"row": self._row(), "master_pid": os.getpid()})
+        spec = self._spec.model_copy(update={"row": self._row(), "master_pid": os.getpid(),
+                                             "generation": self.code.next_generation})
         self.state = "loading"
         try:
             template = self.spawn(spec)

@@ -25,6 +25,8 @@ from qcluster.messages import (
 )
 
 logger = logging.getLogger(__name__)
+# httpx logs every request at INFO: one line per report (every 2 s) would bury the log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def build_report(sup: Supervisor, interval_s: float, generation: int,
@@ -58,6 +60,8 @@ def build_report(sup: Supervisor, interval_s: float, generation: int,
         generation=generation,
         code=snap.code,
         cluster=cluster,
+        periodic=dict(sup.app.periodic_jobs),
+        fatal={q: why[:2000] for q, why in snap.fatal.items()},
     )
 
 

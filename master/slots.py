@@ -27,6 +27,7 @@ from qcluster.messages import (
     Recycling,
     SlotHello,
     SlotInfo,
+    SlotRefused,
     SlotState,
     SlotToMaster,
 )
@@ -71,6 +72,8 @@ class SlotRecord:
     kill_reason: KillReason | None = None
     generation: int = 0
     """The code it was forked with: 0 the master's own, N the Nth reload template's."""
+    refused: str = ""
+    """Why the broker refused the slot's queue for good (messages.SlotRefused)."""
 
     @property
     def stopping(self) -> bool:
@@ -79,11 +82,11 @@ class SlotRecord:
     def move(self, state: SlotState, reason: str) -> None:
         self.state, self.reason = state, reason
 
-    def info(self) -> SlotInfo:
+    def info(self, take: int | None = None) -> SlotInfo:
         return SlotInfo(
             slot_no=self.slot_no, pid=self.pid, queue=self.queue, state=self.state,
             started_at=self.started_at, jobs_done=self.jobs_done, pss_bytes=self.pss_bytes,
-            private_dirty_bytes=self.private_dirty_bytes,
+            private_dirty_bytes=self.private_dirty_bytes, take=take,
         )
 
 
@@ -109,6 +112,8 @@ def on_message(slot: SlotRecord, message: SlotToMaster, now: float) -> BatchCoun
             slot.move("idle", "hello")
     elif isinstance(message, Recycling):
         slot.private_dirty_bytes = message.private_dirty_bytes
+    elif isinstance(message, SlotRefused):
+        slot.refused = message.reason
     return None
 
 
@@ -124,7 +129,7 @@ def decode_exit(
         return "recycle"
     if master_stopping or (slot.stopping and code in STOPPED_CODES):
         return None
-    if code in BOOT_ERROR_CODES:
+    if code in BOOT_ERROR_CODES or code == exitcodes.BROKER_REFUSED:
         return "boot_error"
     return "crash" if code != exitcodes.OK else None
 
@@ -142,8 +147,14 @@ class RestartBackoff:
     fatal: dict[str, str] = field(default_factory=dict)
     """Queue -> why it is no longer forked."""
 
-    def on_restart(self, queue: str, reason: RestartReason, now: float) -> str | None:
-        """Record an ended slot; returns the fatal message when the queue just became fatal."""
+    def on_restart(self, queue: str, reason: RestartReason, now: float,
+                   refused: str = "") -> str | None:
+        """Record an ended slot; returns the fatal message when the queue just became fatal
+        (at once when the broker ``refused`` the queue: no retry can fix it)."""
+        if refused and queue not in self.fatal:
+            self.fatal[queue] = (f"the broker refused it: {refused} (not forked again until "
+                                 "the master restarts)")
+            return self.fatal[queue]
         if reason not in ("crash", "boot_error"):
             return None
         self.streak[queue] = self.streak.get(queue, 0) + 1

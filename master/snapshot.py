@@ -44,11 +44,13 @@ def build_snapshot(
     slots: Iterable[SlotRecord], host: HostView, *, restarts: dict[tuple[str, str], int],
     desired: dict[str, int], fatal: dict[str, str], wall_now: float, mono_now: float,
     code: CodeInfo | None = None, reloads: dict[str, int] | None = None,
+    takes: dict[int, int] | None = None,
 ) -> Snapshot:
+    """``takes``: each slot's held lock token by pid (SlotInfo.take)."""
     ordered = sorted(slots, key=lambda s: s.slot_no)
     sample = host.sample
     return Snapshot(
-        slots=[s.info() for s in ordered],
+        slots=[s.info((takes or {}).get(s.pid)) for s in ordered],
         last_seen={s.slot_no: wall_now - (mono_now - s.last_seen) for s in ordered},
         started_mono={s.slot_no: s.started_mono for s in ordered},
         sample=sample,

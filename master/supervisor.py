@@ -206,7 +206,8 @@ class Supervisor:
         self.snapshot = build_snapshot(
             self.pool.slots.values(), self.probe.view, restarts=self.counters.restarts(),
             desired=self._desired, fatal=self.pool.backoff.fatal, wall_now=time.time(),
-            mono_now=now, code=self.reload.info(), reloads=dict(self.reload.results))
+            mono_now=now, code=self.reload.info(), reloads=dict(self.reload.results),
+            takes=self.pool.channels.takes())
 
     def _row_queues(self) -> list[str]:
         with self._row_lock:

@@ -76,6 +76,9 @@ class TemplateSpec(BaseModel):
     master_pid: int
     log_level: str = "INFO"
     metrics: bool = True
+    host_name: str = ""
+    generation: int = 0
+    """The code generation its slots run (shown in their process titles)."""
 
 
 class Ready(BaseModel):
@@ -142,6 +145,10 @@ def main(argv: list[str]) -> int:
     for signum in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C reaches the whole group: the
         signal.signal(signum, signal.SIG_IGN)      # master decides what ends a template
     setup_logging(spec.log_level)
+    from qcluster.slot import identity
+
+    identity.set_identity(spec.host_name, spec.generation)  # its slots inherit it
+    identity.set_title("template")
     try:
         ready, app = import_app(spec)
     except BaseException as exc:  # any failure of the new code (SyntaxError, SystemExit)

@@ -26,6 +26,7 @@ from qcluster.errors import (
     InvalidQueueName,
     field_reasons,
 )
+from qcluster.hooks import DEFAULT_HOOK_TIMEOUT_S, FailureHook, HookSpec
 from qcluster.job import Job
 from qcluster.names import check_queue_name
 from qcluster.periodic import CatchUp, PeriodicSpec, periodic_spec
@@ -74,7 +75,32 @@ class App:
         self.queues: dict[str, QueueSpec] = {}
         self.periodic_jobs: dict[str, PeriodicSpec] = {}
         """``@app.periodic`` declarations by name; the manager enqueues their ticks."""
+        self.failure_hooks: list[HookSpec] = []
+        """``@app.on_failure`` hooks, called in order (qcluster.hooks)."""
         LIVE_APPS.add(self)
+
+    def on_failure(self, hook: FailureHook | None = None, *,
+                   timeout: float = DEFAULT_HOOK_TIMEOUT_S) -> Any:
+        """Decorator: call ``hook(failure)`` in the slot each time a handler raises,
+        with a :class:`~qcluster.hooks.Failure` (the queue, the jobs, the exception and
+        what happens next: ``retry`` at ``retry_at``, ``dead`` or ``locked``)::
+
+            @app.on_failure
+            def report(failure): sentry_sdk.capture_exception(failure.exception)
+
+        ``@app.on_failure(timeout=2.0)`` bounds the hook's time (default 5 s; never
+        longer than the batch's lock has left). A hook that raises is logged and
+        ignored; one that runs too long is left behind: the jobs' outcome never waits
+        for a hook and never depends on one.
+        """
+        if timeout <= 0:
+            raise ConfigError(f"on_failure: timeout must be > 0, not {timeout!r}")
+
+        def bind(target: FailureHook) -> FailureHook:
+            self.failure_hooks.append(HookSpec(target, float(timeout)))
+            return target
+
+        return bind(hook) if hook is not None else bind
 
     def queue(self, name: str, **policy: Any) -> Callable[[BatchHandler], BatchHandler]:
         """Decorator binding a batch handler ``def handler(jobs: list[Job])`` (or
@@ -176,6 +202,7 @@ class App:
         """A copy whose policies have ``overrides`` (from qcluster.toml) applied."""
         merged = App(self.name, version=self.version)
         merged.periodic_jobs = dict(self.periodic_jobs)
+        merged.failure_hooks = list(self.failure_hooks)
         for name, spec in self.queues.items():
             extra = overrides.get(name, {})
             try:
@@ -224,7 +251,9 @@ def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> Bat
         except Exception as exc:  # one job's failure must not fail the batch
             job.mark_error(exc)
         else:
-            if job.outcome is None:
+            # A handler that swallowed the deadline's cancel and returned is not done:
+            # the batch settles it as timed out (slot/aio.py).
+            if job.outcome is None and not _cancelling():
                 job.outcome = "done"
 
     async def run_each(jobs: list[Job]) -> None:
@@ -239,6 +268,11 @@ def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> Bat
 
     run_each.__name__ = getattr(handler, "__name__", "handler")
     return run_each
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _is_async(queue: str, handler: Callable[..., Any]) -> bool:

@@ -122,6 +122,12 @@ class TakeProgress(Progress):
     def clear(self) -> None:
         struct.pack_into("<Q", self._map, 0, 0)
 
+    def receipt(self) -> int | None:
+        """The lock token of the take followed now (None: none, or it is being written):
+        a master reports it so that a lookup can say which slot runs a job."""
+        seq, jobs, _, receipt, _ = self._HEAD.unpack_from(self._map, 0)
+        return int(receipt) if seq and jobs and self.seq == seq else None
+
     def read(self) -> GiveBack | None:
         """The followed take, each job with its state (None: none followed)."""
         seq, jobs, ids_bytes, receipt, name_bytes = self._HEAD.unpack_from(self._map, 0)

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from qcluster.cli_support import (
     BrokerInUse,
@@ -171,55 +170,7 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-@cli.command()
-def stats(
-    queue: Annotated[str | None, typer.Argument(help="One queue (default: all known)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
-    config: ConfigOpt = None,
-    broker: BrokerOpt = None,
-) -> None:
-    """Ready, locked, delayed and dead counts per queue."""
-    settings = settings_for(config, broker_url=broker)
-    queue_broker = open_existing_broker(settings)
-    with user_errors():
-        names = [queue] if queue else sorted(queue_broker.queues())
-        rows = {name: queue_broker.stats(name).model_dump() for name in names}
-        notes = queue_broker.durability()
-        queue_broker.close()
-    if as_json:
-        out.print_json(json.dumps(rows))
-        for note in notes:
-            err.print(f"[yellow]durability:[/yellow] {escape(note)}", highlight=False)
-        return
-    table = Table("queue", "ready", "locked", "delayed", "dead")
-    for name, row in rows.items():
-        table.add_row(escape(name), *(str(row[k]) for k in ("ready", "locked", "delayed", "dead")))
-    out.print(table)
-    for note in notes:
-        out.print(f"[yellow]durability:[/yellow] {escape(note)}", highlight=False)
-
-
-@cli.command()
-def dead(
-    queue: Annotated[str, typer.Argument(help="Queue name")],
-    requeue: Annotated[bool, typer.Option(help="Move every dead job back to ready")] = False,
-    limit: Annotated[int, typer.Option(min=0, help="Show at most this many")] = 20,
-    config: ConfigOpt = None,
-    broker: BrokerOpt = None,
-) -> None:
-    """Show the dead-letter jobs of a queue, or requeue them."""
-    settings = settings_for(config, broker_url=broker)
-    queue_broker = open_existing_broker(settings)
-    with user_errors():
-        if requeue:
-            moved = queue_broker.requeue_dead(queue)
-            out.print(escape(f"requeued {moved} job(s) of {queue!r}"))
-            return
-        jobs = queue_broker.dead_jobs(queue, limit=limit) if limit > 0 else []
-    table = Table("id", "attempts", "reason", "body")
-    for job in jobs:
-        table.add_row(escape(job.id), str(job.attempts), escape(job.reason), escape(job.body[:80]))
-    out.print(table)
+# ``stats``, ``dead``, ``job`` and ``purge`` are in qcluster/jobs_cli.py (entry points).
 
 
 # --- the embedded broker's life ------------------------------------------------
@@ -242,13 +193,13 @@ def broker_status(config: ConfigOpt = None, broker: BrokerOpt = None) -> None:
     queue_broker.close()
     state_dir = _embedded_dir(settings)
     if state_dir is None:
-        out.print(escape(f"{url}: answers"), highlight=False)
+        out.print(escape(f"{url}: answers"), highlight=False, soft_wrap=True)
         return
     pids = users(state_dir)
     out.print(escape(f"{url}: running (redis-server pid {server_pid(state_dir)}); used by "
                      + (f"qcluster process(es) {', '.join(map(str, pids))}" if pids
                         else "no qcluster process (qcluster broker stop stops it)")),
-              highlight=False)
+              highlight=False, soft_wrap=True)
 
 
 @broker_cli.command("stop")
@@ -270,7 +221,7 @@ def broker_stop(
                                 "configuration names another broker (--broker / broker_url)")
         if not running(state_dir):
             out.print(escape(f"no embedded broker is running in {state_dir.resolve()}"),
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
             return
         pids = users(state_dir)
         if pids and not force:
@@ -278,7 +229,8 @@ def broker_stop(
                               f"qcluster process(es) {', '.join(map(str, pids))}: stop them "
                               "(it stops with the last one), or give --force")
         stop_embedded(state_dir)
-    out.print(escape(f"stopped the embedded broker in {state_dir.resolve()}"), highlight=False)
+    out.print(escape(f"stopped the embedded broker in {state_dir.resolve()}"), highlight=False,
+              soft_wrap=True)
 
 
 def _embedded_dir(settings: Settings) -> Path | None:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qcluster import otel
 from qcluster.broker import Broker, DeadJob, open_broker
 from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, check_delay, encode_new_jobs
 from qcluster.jobs import JobInfo
@@ -113,6 +114,13 @@ class Client:
         check_queue_name(queue)
         delay = check_delay(delay)
         self._spec(queue)
+        if otel.ENABLED and otel.active():  # traced: the trace context goes with the jobs
+            with otel.enqueue_span(queue, headers) as traced:
+                return self._publish(queue, payloads, delay, traced)
+        return self._publish(queue, payloads, delay, headers)
+
+    def _publish(self, queue: str, payloads: Iterable[Any], delay: float,
+                 headers: dict[str, str] | None) -> list[str]:
         messages = encode_new_jobs(queue, payloads, enqueued_at=time.time(),
                                    random_bytes=os.urandom, headers=headers,
                                    max_bytes=self._max_bytes(queue))

@@ -253,19 +253,19 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         loc = error.get("loc", ())
         field = ".".join(str(p) for p in loc) or "(root)"
         got = "a secret, not shown" if loc and loc[0] in SECRET_FIELDS else repr(error.get("input"))
-        problems.append(f"{_field_source(loc, path)}{field}: "
+        problems.append(f"{field}{_field_source(loc)}: "
                         f"{_reason(error.get('msg', ''))} (got {got})")
     where = str(path) if path else "settings (environment / flags)"
     return f"invalid configuration in {where}: " + "; ".join(problems)
 
 
-def _field_source(loc: tuple[Any, ...], path: Path | None) -> str:
-    """``QCLUSTER_X `` when the environment sets the field's top-level variable: the user
+def _field_source(loc: tuple[Any, ...]) -> str:
+    """`` (QCLUSTER_X)`` when the environment sets the field's top-level variable: the user
     reads which variable to fix, not only the field's name."""
     if not loc:
         return ""
     variable = f"QCLUSTER_{str(loc[0]).upper()}"
-    return f"{variable} " if variable in os.environ else ""
+    return f" (from {variable})" if variable in os.environ else ""
 
 
 def _describe_unparsable(exc: SettingsError) -> str:

@@ -7,9 +7,9 @@ it: the name of the token sent (``token`` / ``QCLUSTER_TOKEN``; never on the com
 where ``ps`` would show it). Registered as entry points of ``qcluster.commands``.
 
 Exit codes (docs/operations.md, "Pause, resume, drain" and "Deploying new code"): 0 done;
-2 a name outside the queue-name rule; 6 no token configured (and no local token: a manager
-on this machine with none configured writes one to its state directory, which these
-commands read when the manager's URL is loopback); 10 the manager is unreachable
+2 a name outside the queue-name rule; 6 no token configured (and no local token the manager
+takes: a manager on this machine with none configured writes one to its state directory,
+which these commands read when the manager's URL is loopback); 10 the manager is unreachable
 or failed (the broker did not store the change: 503); 11 the manager refused the token
 (401); ``reload``: 12 refused (no such host, a reload already running), 13 a host failed
 to load the new code (the rollout stopped), 14 a host was skipped or ``--wait`` gave up.
@@ -223,6 +223,11 @@ def _request(config: Any, manager: str | None, method: str, path: str, *,
         if retry:
             raise
         _fail(MANAGER_UNREACHABLE, f"the manager at {url} is unreachable: {exc}")
+    if response.status_code == 401 and token and not settings.token:
+        _fail(exitcodes.CONFIG, f"no token configured, and the manager at {url} refused the "
+                                f"local token of {token_path(settings.state_dir)} (it was "
+                                "started in another directory, or with a token): set `token` "
+                                "in qcluster.toml or QCLUSTER_TOKEN to the manager's token")
     if response.status_code == 401:
         _fail(TOKEN_REFUSED, f"the manager at {url} refused the token: set `token` / "
                              "QCLUSTER_TOKEN to the manager's token")

@@ -28,6 +28,10 @@ ADDRESS_IN_USE = 7
 WRONG_BROKER = 8
 #: ``qcluster broker stop`` refused: other qcluster processes use the embedded broker.
 BROKER_IN_USE = 9
+#: The broker refused what the slot's queue needs, a mistake no retry can fix (the queue
+#: exists with another type, a declaration or a permission refused). The slot logs why
+#: once and tells its master, which stops forking the queue (fatal, in /api/v1/host).
+BROKER_REFUSED = 20
 #: The slot's private memory (Private_Dirty) passed its limit; it finished its batch
 #: and exited so the master can fork a fresh copy from the clean pre-imported image.
 RECYCLE = 75

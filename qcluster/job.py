@@ -196,6 +196,8 @@ class Job:
     fail_reason: str = ""
     error: str = ""
     """Set with outcome "error": the exception, as "Type: message"."""
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+    """Set with outcome "error": the exception itself (its traceback is logged)."""
 
     def retry(self, delay: float = 0.0) -> None:
         """Postpone: hand the job out again after ``delay`` seconds."""
@@ -209,6 +211,7 @@ class Job:
     def mark_error(self, exc: BaseException) -> None:
         """The handler raised for this job: the queue's on_error policy decides."""
         self.outcome, self.error = "error", f"{type(exc).__name__}: {exc}"[:1000]
+        self.exception = exc
 
     @classmethod
     def from_delivery(cls, delivery: Delivery, envelope: Envelope) -> Job:

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from qcluster.failures import JobError
 
@@ -72,6 +72,9 @@ class JobInfo(BaseModel):
     result: Any = None
     note: str | None = None
     """What cannot be known here (e.g. a RabbitMQ queue cannot be searched by id)."""
+    lock_token: int | None = Field(default=None, exclude=True)
+    """Running: the token of the take holding it (Redis: the lock's expiry, ms), which
+    the masters report per slot; never shown (the manager turns it into host and slot)."""
 
     @classmethod
     def of_dead(cls, dead: DeadJob) -> JobInfo:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
+from qcluster.periodic import PeriodicSpec
 from qcluster.policy import QUEUE_NAME_PATTERN, QueuePolicy
 
 SCHEMA_VERSION = 1
@@ -122,8 +123,16 @@ class GaveBack(_Msg):
     ref: int
 
 
+class SlotRefused(_Msg):
+    """The broker refused what the slot's queue needs, for good: the slot exits with
+    exitcodes.BROKER_REFUSED and the master marks the queue fatal with ``reason``."""
+
+    kind: Literal["refused"] = "refused"
+    reason: Annotated[str, Field(max_length=1000)]
+
+
 SlotToMaster = Annotated[
-    SlotHello | Heartbeat | BatchStarted | BatchDone | Recycling | GaveBack,
+    SlotHello | Heartbeat | BatchStarted | BatchDone | Recycling | GaveBack | SlotRefused,
     Field(discriminator="kind"),
 ]
 SLOT_TO_MASTER: TypeAdapter[SlotToMaster] = TypeAdapter(SlotToMaster)
@@ -188,6 +197,9 @@ class SlotInfo(_Msg):
     jobs_done: Count = 0
     pss_bytes: Bytes = 0
     private_dirty_bytes: Bytes = 0
+    take: int | None = None
+    """The lock token of the jobs the slot holds now (Redis: their lock's expiry, ms),
+    which a lookup matches to say where a running job runs; None: none, or not followed."""
 
 
 class QueueCounters(_Msg):
@@ -252,6 +264,12 @@ class HostReport(_Msg):
     cluster: ClusterClaim | None = None
     """The broker the master works on (None: not read yet); the manager refuses a report
     from another broker than its own (409)."""
+    periodic: Annotated[dict[Name, PeriodicSpec], Field(max_length=MAX_QUEUES)] = {}
+    """The app's ``@app.periodic`` declarations: the manager runs them without importing
+    the app (manager/learned_periodic.py)."""
+    fatal: Annotated[dict[Name, Annotated[str, Field(max_length=2000)]],
+                     Field(max_length=MAX_QUEUES)] = {}
+    """Queues this master no longer forks, with why (boot errors, a broker refusal)."""
 
 
 class Assignment(_Msg):
@@ -311,6 +329,8 @@ class HostView(_Msg):
     """Wall-clock unix seconds of the last report received."""
     code: CodeInfo = CodeInfo()
     """The code the host's slots run, from its last report."""
+    fatal: dict[str, str] = {}
+    """Queues the host no longer forks, with why (from its last report)."""
 
 
 class DecisionView(_Msg):

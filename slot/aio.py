@@ -9,11 +9,12 @@ uvloop is used when it is installed (``pip install uvloop``); plain asyncio othe
 The batch deadline: the master kills a slot whose batch runs past ``batch_timeout``. An
 async batch is cancelled a little before that (:func:`cancel_after_s`), so the slot
 settles it and goes on instead of dying. Jobs without an outcome at that moment are
-settled as if the handler had raised ``TimeoutError`` for them (the queue's ``on_error``:
-retried with backoff, an attempt counted, or left locked until ``lock_timeout`` as when
-a hung sync slot is killed); jobs already done, retried or failed keep their outcome. A
-handler that blocks the loop with synchronous code cannot be cancelled: the master's kill
-at ``batch_timeout`` stays the backstop.
+settled as if the handler had raised ``TimeoutError`` for them, whatever the handler does
+with the cancel (one that swallows ``CancelledError`` and returns too; the queue's
+``on_error``: retried with backoff, an attempt counted, or left locked until
+``lock_timeout`` as when a hung sync slot is killed); jobs already done, retried or failed
+keep their outcome. A handler that blocks the loop with synchronous code cannot be
+cancelled: the master's kill at ``batch_timeout`` stays the backstop.
 """
 
 from __future__ import annotations
@@ -97,12 +98,16 @@ async def _within_deadline(work: Awaitable[Any], jobs: list[Job], budget_s: floa
     deadline = asyncio.timeout(budget_s)
     try:
         async with deadline:
-            return await work
+            result = await work
     except TimeoutError:
         if not deadline.expired():
             raise  # the handler's own TimeoutError: an exception like any other
         _settle_cancelled(jobs, budget_s)
         return None
+    if deadline.expired():  # the handler swallowed the cancel and returned: still late
+        _settle_cancelled(jobs, budget_s)
+        return None
+    return result
 
 
 def _settle_cancelled(jobs: list[Job], budget_s: float) -> None:

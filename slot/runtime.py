@@ -20,11 +20,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from qcluster import exitcodes, metrics
+from qcluster import exitcodes, metrics, otel
 from qcluster.app import App, QueueSpec
 from qcluster.broker import Broker, Settlement, open_broker
 from qcluster.channel import Channel
 from qcluster.errors import BrokerError, EnvelopeError
+from qcluster.failures import JobError
+from qcluster.hooks import Failure
 from qcluster.job import JSON_CONTENT_TYPE, Delivery, Job, decode_envelope
 from qcluster.messages import (
     BatchCounters,
@@ -37,11 +39,14 @@ from qcluster.messages import (
     Progress,
     Recycling,
     SlotHello,
+    SlotRefused,
     StopSlot,
     SwitchQueue,
 )
+from qcluster.slot import identity
 from qcluster.slot.aio import run_async_batch
-from qcluster.slot.settle import dead_retention, give_back_settlement, settle_batch
+from qcluster.slot.failure_report import FailureReporter
+from qcluster.slot.settle import dead_retention, give_back_settlement, settle_batch, taken_out
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +97,12 @@ class SlotRunner:
         self.should_stop = False
         self.rand = random.Random()
         self.metrics = _SlotMetrics(self.slot_label) if metrics.multiprocess_enabled() else None
+        self.failures = FailureReporter(
+            self.slot_label, identity.host, app.failure_hooks,
+            count=self.metrics.count_failures if self.metrics else None)
+        self._failed: list[Failure] = []
+        """Failures of the batch that just ran, reported once it is done (a successful
+        batch never fills it)."""
         self._last_sent = 0.0
         self._fast_batches = False
         self._one_at_a_time = False
@@ -121,9 +132,11 @@ class SlotRunner:
         signal.signal(signal.SIGTERM, self.handle_stop_signal)
         signal.signal(signal.SIGINT, self.handle_stop_signal)
         self._send(SlotHello(slot_no=int(self.slot_label), pid=os.getpid(), queue=self.queue))
+        identity.set_title("slot", self.queue)
         try:
             return self._loop()
         finally:
+            self.failures.flush()
             self._flush()
             self._leave(self.queue)
             if self.metrics:
@@ -142,6 +155,8 @@ class SlotRunner:
             try:
                 worked = self.step(defer_settle=True)
             except BrokerError as exc:
+                if refused_for_good(exc):
+                    return self._refused(exc)
                 logger.warning("slot %s: broker error on %s: %s", self.slot_label, self.queue, exc)
                 self._heartbeat(idle=True)  # waiting for the broker is not hung
                 time.sleep(BROKER_ERROR_PAUSE_S)
@@ -155,6 +170,14 @@ class SlotRunner:
                 return exitcodes.OK
             if self._over_memory_limit():
                 return exitcodes.RECYCLE
+
+    def _refused(self, exc: BrokerError) -> int:
+        """The broker refused the queue for good: say why once, tell the master, stop."""
+        reason = " ".join(str(exc).split())[:1000]
+        logger.error("slot %s: cannot serve %s: %s. No retry can fix this: the slot stops "
+                     "(exit %d)", self.slot_label, self.queue, reason, exitcodes.BROKER_REFUSED)
+        self._send(SlotRefused(reason=reason))
+        return exitcodes.BROKER_REFUSED
 
     def step(self, *, defer_settle: bool = False) -> bool:
         """Take and process one batch (or a few small ones); False when nothing was ready.
@@ -210,7 +233,11 @@ class SlotRunner:
             settlement.postpone += part.postpone
             settlement.dead += part.dead
             settlement.refused += part.refused
+            if part.errors:
+                settlement.errors.update(part.errors)
             self._send(BatchDone(queue=self.queue, counters=counters))
+            if self._failed:
+                self._report_failures(taken)
         if defer_settle:
             self._pending = settlement
         else:
@@ -304,7 +331,12 @@ class SlotRunner:
         jobs, rejected, malformed = self._decode(deliveries)
         if first >= 0 and jobs:
             jobs = self._mark_running(jobs, deliveries, first)
-        busy_s = self._run_handler(jobs) if jobs else 0.0
+        if not jobs:
+            busy_s = 0.0
+        elif otel.ENABLED and otel.active():  # traced: a span per batch and per job
+            busy_s = otel.run_traced(self.queue, jobs, lambda: self._run_handler(jobs))
+        else:
+            busy_s = self._run_handler(jobs)
         # Prefetch only for handlers that finish fast: slow jobs are better spread
         # over every slot of the queue than queued behind each other in one.
         self._fast_batches = busy_s < PREFETCH_FAST_BATCH_S
@@ -316,6 +348,9 @@ class SlotRunner:
             refused = {id(d) for d, why in rejected if why.startswith(TAKEN)}
             settlement.refused = [item for item in settlement.dead if id(item[0]) in refused]
             settlement.dead = [item for item in settlement.dead if id(item[0]) not in refused]
+        if counters.done != len(jobs):  # some job did not simply succeed: any exception?
+            self._failed += self.failures.collect(self.queue, jobs, settlement,
+                                                  self.spec.policy, time.time())
         if first >= 0 and jobs:
             self._mark_outcomes(jobs, deliveries, first, len(settlement.ack))
         if self.metrics:
@@ -347,9 +382,7 @@ class SlotRunner:
             if delivery.attempts > policy.max_attempts:
                 # Taken more often than allowed without ever being settled: its slots
                 # died or hung on it. Running it again would likely kill this one too.
-                rejected.append((delivery, f"{TAKEN} {delivery.attempts} times without "
-                                 f"settling, ran {delivery.attempts - 1} times "
-                                 f"(max_attempts {policy.max_attempts})"))
+                rejected.append((delivery, taken_out(delivery.attempts, policy)))
                 continue
             jobs.append(job)
         return jobs, rejected, malformed
@@ -392,8 +425,15 @@ class SlotRunner:
         connection). A failure leaves them to their lock expiry, as before."""
         try:
             policy = self.app.spec(command.queue).policy
+            now = time.time()
             settlement = give_back_settlement(command.jobs, command.receipt, policy,
-                                              rand=self.rand.random, now=time.time())
+                                              rand=self.rand.random, now=now)
+            died = [delivery for delivery in settlement.crashed]
+            died += [delivery for delivery, why in settlement.dead if why.startswith(DIED)]
+            for delivery in died:  # what is known of them: their slot died running them
+                settlement.errors[delivery.id] = JobError.bounded(
+                    type="SlotDied", message=DIED, traceback="", host=identity.host,
+                    slot="", attempt=delivery.attempts, at=now)
             self.broker.settle(command.queue, settlement)
         except Exception as exc:  # never die of it: the locks expire
             logger.warning("slot %s: could not give back a dead slot's %d jobs of %s: %s",
@@ -406,6 +446,14 @@ class SlotRunner:
                     len(settlement.release), len(settlement.crashed), len(settlement.dead),
                     len(settlement.ack_held), len(settlement.postpone))
 
+    def _report_failures(self, taken: float) -> None:
+        """Log, count and hand to the hooks what failed in the batch that just ran; the
+        hooks get at most what is left of the take's lock (less the kill margin)."""
+        failed, self._failed = self._failed, []
+        policy = self.spec.policy
+        budget = policy.lock_timeout - policy.kill_margin - (time.monotonic() - taken)
+        self.failures.report(failed, budget)
+
     def _run_handler(self, jobs: list[Job]) -> float:
         started = time.perf_counter()
         try:
@@ -415,11 +463,7 @@ class SlotRunner:
                     result = run_async_batch(self.spec, jobs, result)
                 if result is not None:
                     _refuse_result(result)
-        except Exception as exc:  # the handler's failure is the jobs' outcome, not ours
-            logger.warning(
-                "slot %s: handler for %s raised %s: %s",
-                self.slot_label, self.queue, type(exc).__name__, exc,
-            )
+        except Exception as exc:  # the handler's failure is the jobs' outcome (logged after)
             for job in jobs:
                 if job.outcome is None:
                     job.mark_error(exc)
@@ -454,6 +498,7 @@ class SlotRunner:
                 self._per_job = _runs_each_job(self.spec)
                 self._tell_broker_policy()
                 self._retention = dead_retention(self.spec.policy)
+                identity.set_title("slot", self.queue)
                 logger.info("slot %s: switched to %s", self.slot_label, command.queue)
         if self.channel.closed:
             self.should_stop = True  # the master is gone: never run unsupervised
@@ -466,6 +511,7 @@ class SlotRunner:
             return False
         # Jitter so that slots forked together do not all recycle in the same second.
         self._next_memory_check = now + MEMORY_CHECK_INTERVAL_S * (0.5 + self.rand.random())
+        self.failures.tick(now)  # (here: once a second or so, off the per-batch path)
         from qcluster.procfs import read_memory
 
         sample = read_memory("self")
@@ -486,6 +532,29 @@ class SlotRunner:
 
 TAKEN = "taken"
 """How the reason of a job refused for too many takes starts (see _decode)."""
+DIED = "its slot died while running it"
+
+
+#: Errors of the broker's client that no retry can fix: RabbitMQ's ACCESS_REFUSED (403)
+#: and NOT_ALLOWED (530), PRECONDITION_FAILED (406) to an exchange or queue method (a
+#: declaration or binding; not an ack, which may fail after a reconnect); Redis's NOPERM.
+_REFUSALS = frozenset({"AccessRefused", "NotAllowed", "NoPermissionError"})
+_AMQP_TOPOLOGY_CLASSES = (40, 50)  # exchange.*, queue.*
+
+
+def refused_for_good(exc: BrokerError) -> bool:
+    """A broker error that no retry can fix: the queue exists with another type
+    (QueueTypeMismatch), or the broker refused a declaration or a permission."""
+    if any(kind.__name__ == "QueueTypeMismatch" for kind in type(exc).__mro__):
+        return True
+    cause = exc.__cause__
+    if cause is None:
+        return False
+    names = {kind.__name__ for kind in type(cause).__mro__}
+    if names & _REFUSALS:
+        return True
+    method = getattr(cause, "method_sig", None) or (0, 0)
+    return "PreconditionFailed" in names and method[0] in _AMQP_TOPOLOGY_CLASSES
 
 
 def _runs_each_job(spec: QueueSpec) -> bool:
@@ -608,10 +677,6 @@ class _SlotMetrics:
 
     def observe(self, queue: str, jobs: Sequence[Job], counters: BatchCounters) -> None:
         self._for(queue).add(jobs, counters)
-        if counters.done < len(jobs):  # some job did not simply succeed: look for errors
-            for job in jobs:
-                if job.outcome == "error":
-                    self.defs.failures.labels(queue, job.error.split(":", 1)[0]).inc()
         if time.monotonic() >= self._next_write:
             self.write()
 
@@ -621,8 +686,23 @@ class _SlotMetrics:
             figures.write()
         self._next_write = time.monotonic() + METRICS_WRITE_INTERVAL_S
 
+    def count_failures(self, queue: str, exception: str, jobs: int) -> None:
+        """``jobs`` failed by an ``exception`` (a bounded label, see failure_report)."""
+        self.defs.failures.labels(queue, exception).inc(jobs)
+
     def private_dirty(self, queue: str, value: int) -> None:
         self._for(queue).dirty_child.set(value)
+
+
+def _drop_durability_note(record: logging.LogRecord) -> bool:
+    return record.funcName != "_warn_once"
+
+
+def _leave_durability_notes_to_the_master() -> None:
+    """The broker's durability notes ("no persistence: a restart loses every job") are
+    logged once by the master, not again by each slot it forks (a reload's template
+    forks from a process that never logged them)."""
+    logging.getLogger("qcluster.broker.redis_broker").addFilter(_drop_durability_note)
 
 
 def run_slot(
@@ -642,6 +722,8 @@ def run_slot(
     """
     if slot_no is not None:
         metrics.use_slot_identity(slot_no)
+    if channel is not None:
+        _leave_durability_notes_to_the_master()
     try:
         broker = open_broker(broker_url, state_dir=state_dir)
     except BrokerError as exc:

@@ -46,6 +46,10 @@ def settle_batch(
         if job.outcome in (None, "done"):
             settlement.ack.append(job.delivery)
             done += 1
+        elif job.outcome == "retry" and job.attempts >= policy.max_attempts:
+            # Taken again, it would be refused as taken too often: say why now, plainly.
+            settlement.dead.append((job.delivery, retried_out(job.attempts, policy)))
+            failed += 1
         elif job.outcome == "retry":
             settlement.postpone.append((job.delivery, job.retry_delay_s))
             retried += 1
@@ -55,8 +59,7 @@ def settle_batch(
         elif policy.on_error == "lock":
             continue  # the original design: leave it locked; it returns at lock expiry
         elif job.attempts >= policy.max_attempts:
-            reason = f"{job.error} (gave up after {job.attempts} attempts)"
-            settlement.dead.append((job.delivery, reason))
+            settlement.dead.append((job.delivery, raised_out(job.attempts, policy, job.error)))
             failed += 1
         else:
             delay = compute_backoff(
@@ -100,20 +103,47 @@ def give_back_settlement(
         elif state == Progress.RUNNING and policy.on_error == "lock":
             continue  # the policy keeps failing jobs locked: it returns at lock expiry
         elif state == Progress.RUNNING and attempts >= limit:
-            settlement.dead.append((delivery, f"its slot died while running it, {attempts} "
-                                    f"times (max_attempts {limit})"))
+            settlement.dead.append((delivery, f"its slot died while running it on attempt "
+                                    f"{attempts} of {limit} and no attempt is left "
+                                    f"(max_attempts {limit})"))
         elif state == Progress.RUNNING:
             settlement.crashed.append(delivery)
         elif state == Progress.FAILED:
-            settlement.dead.append((delivery, "failed by handler (settled by the master: "
-                                    "its slot died before settling)"))
+            settlement.dead.append((delivery, "failed by the handler (job.fail(); settled for "
+                                    "its slot, which died before settling)"))
         elif policy.on_error == "lock":
             continue  # as settle_batch: it returns when its lock expires
         elif attempts >= limit:
-            settlement.dead.append((delivery, f"gave up after {attempts} attempts (settled by "
-                                    "the master: its slot died before settling)"))
+            settlement.dead.append((delivery, f"attempt {attempts} of {limit} raised or asked "
+                                    "for a retry and no attempt is left (max_attempts "
+                                    f"{limit}; settled for its slot, which died before "
+                                    "settling)"))
         else:
             delay = compute_backoff(attempts, base_s=policy.retry_base_delay,
                                     cap_s=policy.retry_max_delay, rand=rand)
             settlement.postpone.append((delivery, delay))
     return settlement
+
+
+def raised_out(attempts: int, policy: QueuePolicy, error: str) -> str:
+    """The dead-letter reason of a job whose handler raised on its last attempt."""
+    limit = policy.max_attempts
+    return (f"attempt {attempts} of {limit} raised and no attempt is left "
+            f"(max_attempts {limit}): last error {error}")
+
+
+def retried_out(attempts: int, policy: QueuePolicy) -> str:
+    """The dead-letter reason of a job whose handler called ``job.retry()`` on its last
+    attempt (each retry uses an attempt)."""
+    limit = policy.max_attempts
+    return (f"the handler asked for a retry (job.retry()) on attempt {attempts} of {limit} "
+            f"and no attempt is left (max_attempts {limit}: each retry uses an attempt)")
+
+
+def taken_out(takes: int, policy: QueuePolicy) -> str:
+    """The dead-letter reason of a job taken more often than ``max_attempts`` without
+    being settled: its slots died or hung on it (or ``on_error="lock"`` left it locked)."""
+    why = ("left locked after its handler raised (on_error lock), or its slot died or hung"
+           if policy.on_error == "lock" else "its slot died or hung while running it")
+    return (f"taken {takes} times without being settled: {why} (ran {takes - 1} times, "
+            f"max_attempts {policy.max_attempts})")

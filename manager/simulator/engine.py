@@ -108,6 +108,8 @@ class QueueSim:
     assigned: float = 0.0
     done_work: float = 0.0
     inflight: deque[list[Any]] = field(default_factory=deque)
+    job_cost_s: float = 0.0
+    """A batch's cost beyond the handler (``QueueSpec.batch_cost_s``), per job."""
     arrived: int = 0
     started: int = 0
     finished: int = 0
@@ -193,6 +195,8 @@ class Simulation:
                            JobTimes(spec.job_time, _seed(seed, "jobs", name)))
             for name, spec in sorted(trace.queues.items())
         }
+        for name, q in self.queues.items():
+            q.job_cost_s = trace.queues[name].batch_cost_s / q.policy.batch_size
         self.order = sorted(self.queues, key=lambda q: (-self.queues[q].policy.priority, q))
         self.every_queue = frozenset(self.queues)
         self.events = sorted(trace.events, key=lambda e: e.at_s)
@@ -449,7 +453,7 @@ class Simulation:
             # Only stopped slots left: they finish the jobs they hold, and take no more.
             paid = min(q.draining * dt, owed)
             q.done_work += paid
-            q.round_busy += paid
+            q.round_busy += paid * self.handler_share(q, now)
             q.busy_seconds += paid
         elif owed > EPS and budget > 0:
             paid = min(budget, owed)
@@ -460,7 +464,7 @@ class Simulation:
             while q.backlog and budget > EPS:
                 jobs = min(q.backlog, max(1, math.ceil(budget / mean - EPS)))
                 self.start(q, now, jobs)
-                work = q.job_times.total(jobs)
+                work = q.job_times.total(jobs) + jobs * q.job_cost_s
                 q.assigned += work
                 q.inflight.append([q.assigned, jobs])
                 paid = min(budget, work)
@@ -472,13 +476,22 @@ class Simulation:
         q.settled.append(q.finished)
         if len(q.settled) > self.settled_kept:
             q.settled.popleft()
-        q.round_busy += q.active * dt - budget
+        q.round_busy += (q.active * dt - budget) * self.handler_share(q, now)
         q.busy_seconds += q.active * dt - budget
         q.round_alive += q.existing * dt
         q.slot_seconds += q.existing * dt
         if q.backlog > q.max_backlog:
             q.max_backlog = q.backlog
         self.watch(q, now + dt)
+
+    @staticmethod
+    def handler_share(q: QueueSim, now: float) -> float:
+        """The share of a slot's busy time spent in the handler: what the masters report
+        as busy (a batch's take and settle are not)."""
+        if not q.job_cost_s:
+            return 1.0
+        mean = q.job_times.mean_at(now)
+        return mean / (mean + q.job_cost_s)
 
     def start(self, q: QueueSim, now: float, jobs: int) -> None:
         q.backlog -= jobs

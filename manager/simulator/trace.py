@@ -55,6 +55,10 @@ class QueueSpec(_Strict):
     """A periodic job: ``tick_jobs`` jobs at each multiple of ``every_s`` seconds (on top
     of ``rate``); the manager knows the schedule (it pre-warms a slot)."""
     tick_jobs: int = Field(default=1, ge=1)
+    batch_cost_s: float = Field(default=0.0, ge=0)
+    """Seconds a slot spends per batch beyond its jobs' handler time (take, settle,
+    report; a busy host's contention). The masters report handler time only, so the
+    planner does not see it. A replayed recording's is fitted from its saturated rounds."""
     job_time: JobTime = JobTime()
 
     @model_validator(mode="after")
@@ -220,6 +224,10 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
     hosts: dict[str, HostSpec] = {}
     per_round: dict[str, list[int]] = {}
     means: dict[str, list[tuple[float, float]]] = {}
+    saturated: dict[str, list[float]] = {}
+    """Per queue: slot-seconds per job done beyond the handler time, in the rounds in which
+    its slots had work all along (a backlog at both ends)."""
+    waiting: dict[str, bool] = {}
     events: list[Event] = []
     alive: dict[str, bool] = {}
     capacity: dict[str, int] = {}
@@ -247,6 +255,10 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
             per_round[name].append(queue.arrived)
             if queue.mean_job_s is not None:
                 means[name].append((at, queue.mean_job_s or TINY_JOB_S))
+                if waiting.get(name) and queue.backlog and queue.slots and queue.done:
+                    saturated.setdefault(name, []).append(
+                        queue.slots * interval / queue.done - queue.mean_job_s)
+            waiting[name] = queue.backlog > 0
         index += 1
     for counts in per_round.values():
         _pad(counts, index)
@@ -257,11 +269,24 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
         est = float(fields.get("est_job_seconds", 0.05))
         mean = means[name][0][1] if means[name] else est
         queues[name] = QueueSpec(policy=fields, per_round=per_round[name], arrivals="even",
-                                 job_time=JobTime(mean_s=mean, changes=means[name]))
+                                 job_time=JobTime(mean_s=mean, changes=means[name]),
+                                 batch_cost_s=_batch_cost(saturated.get(name, []), fields))
     events.sort(key=lambda e: e.at_s)
     data = {"duration_s": max(1, index) * interval, "interval_s": interval,
             "hosts": hosts, "queues": queues, "events": events}
     return parse_trace(data, source)
+
+
+#: Saturated rounds a batch cost is fitted from (fewer: none is fitted).
+MIN_SATURATED_ROUNDS = 3
+
+
+def _batch_cost(overheads: list[float], fields: dict[str, Any]) -> float:
+    """The median overhead per job of the saturated rounds, per batch (0 when too few)."""
+    if len(overheads) < MIN_SATURATED_ROUNDS:
+        return 0.0
+    median = sorted(overheads)[len(overheads) // 2]
+    return max(0.0, median) * int(fields.get("batch_size", 1))
 
 
 def _pad(counts: list[int], length: int) -> None:

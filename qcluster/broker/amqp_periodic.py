@@ -1,24 +1,36 @@
-"""Periodic jobs' claims on RabbitMQ: one manager enqueues them, and a record of each
-job's last enqueued tick survives it.
+"""Periodic jobs' ticks on RabbitMQ (``Broker.publish_tick``): one manager enqueues them,
+each once, and a record of each job's last enqueued tick survives it.
 
-AMQP has no compare-and-set, so the claim is made of two parts:
+AMQP has no compare-and-set and cannot look a message up, so:
 
 - **Who enqueues**: the manager whose connection holds the exclusive queue
   ``qc~periodic.lock``. RabbitMQ lets one connection declare it; another gets
-  ``RESOURCE_LOCKED`` (and claims nothing). It is deleted when its connection closes (a
+  ``RESOURCE_LOCKED`` (and enqueues nothing). It is deleted when its connection closes (a
   killed manager's at once, a cut link's after the heartbeat timeout): the next manager
-  that claims a tick takes it over.
-- **What was enqueued**: the durable queue ``qc~periodic.ledger`` (``x-max-length`` 1: a
-  new record replaces the old one) holds one JSON document, ``{"NAME": tick_ms}``
-  (:mod:`~qcluster.broker.amqp_single`). Only the lock's holder writes it (confirmed before
-  a tick is enqueued); it reads it when it takes the lock, so a restarted or second manager
+  that enqueues a tick takes it over.
+- **What was enqueued, for sure**: each tick is one confirmed publish routed to the job's
+  queue and, by its ``BCC`` header, to the job's receipt queue ``qc~periodic.tick.NAME``
+  (``x-max-length`` 1: the last tick's message, its tick in the ``x-qcluster-tick``
+  header). RabbitMQ routes a publish to both queues or to neither, so the receipt says
+  whether a tick is enqueued even when its confirm was lost: the holder reads it once per
+  hold of the lock (a retry after a reset takes the lock again on its new connection), and
+  publishes nothing for a tick it finds there.
+- **The record the managers read**: the durable queue ``qc~periodic.ledger``
+  (``x-max-length`` 1: a new record replaces the old one) holds one JSON document,
+  ``{"NAME": tick_ms}`` (:mod:`~qcluster.broker.amqp_single`), written by the holder after
+  each tick; the holder's record of a job is the later of the ledger's and the receipt's.
+  The holder reads the ledger when it takes the lock, so a restarted or second manager
   starts from the last tick enqueued. Anyone else peeks at it (takes it unacknowledged,
   gives it back; a reader never creates the queue). A peeked document given back after the
   holder wrote a newer one is the one the length limit drops (checked on RabbitMQ 3.10:
   the queue keeps the newer). A new holder starts from no record only when it creates the
   ledger; if the ledger exists but looks empty (another process holds the document, e.g. a
-  stalled reader), it claims nothing and tries again at the next pass, never writing a
+  stalled reader), it enqueues nothing and tries again at the next pass, never writing a
   fresh document that would lose the other jobs' records.
+
+What it cannot promise: a tick whose queue was deleted while the holder's declaration of it
+was still cached reaches the receipt alone (no ``basic.return``: the receipt took it) and is
+lost.
 
 ``~`` is not allowed in a queue name (:mod:`qcluster.names`), so no user queue is either.
 """

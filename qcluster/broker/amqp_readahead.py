@@ -12,8 +12,12 @@ keep their own transports.
 Also here: py-amqp decodes every short string and header value as strict UTF-8, so one
 message with an invalid byte in its ``message_id`` or a header raised
 ``UnicodeDecodeError`` out of the frame reader, and the consumer stopped at that message
-forever. Such strings are decoded with escapes (:func:`lenient_str`) instead; the broker
-finds them (they cannot be encoded strictly again) and hands the message out as malformed.
+forever. On qcluster's own connections such strings are decoded with escapes
+(:func:`lenient_str`) instead; the broker finds them (they cannot be encoded strictly
+again) and hands the message out as malformed. py-amqp reads its decoder from a module
+global (``amqp.serialization.pstr_t``), so that global becomes :func:`scoped_str`, which
+is py-amqp's own decoder except while one of qcluster's connections reads a frame: any
+other py-amqp connection in the process (an application's own) decodes as before.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import errno
 import select
 import struct
+from contextvars import ContextVar
 from typing import Any
 
 import kombu
@@ -49,8 +54,18 @@ def lenient_str(value: Any) -> Any:
     return value
 
 
+#: py-amqp's own decoder (``amqp.utils.bytes_to_str``): strict UTF-8.
+STRICT_STR = serialization.pstr_t
+_LENIENT: ContextVar[bool] = ContextVar("qcluster_amqp_lenient", default=False)
+
+
+def scoped_str(value: Any) -> Any:
+    """:func:`lenient_str` while a qcluster connection reads a frame, else py-amqp's own."""
+    return lenient_str(value) if _LENIENT.get() else STRICT_STR(value)
+
+
 # Used by py-amqp's property and header-table readers (a module global, read at call time).
-serialization.pstr_t = lenient_str
+serialization.pstr_t = scoped_str
 
 
 class ReadAheadTCPTransport(TCPTransport):
@@ -125,6 +140,16 @@ class ReadAheadTCPTransport(TCPTransport):
 
 
 class _AMQPConnection(pyamqp.Connection):
+    def drain_events(self, timeout: float | None = None) -> Any:
+        """Every frame is read and decoded here (method arguments, message properties and
+        headers): with escapes for invalid UTF-8, on this connection only. (Once per
+        call, not per frame: a delivery is three frames.)"""
+        token = _LENIENT.set(True)
+        try:
+            return super().drain_events(timeout)
+        finally:
+            _LENIENT.reset(token)
+
     def Transport(self, host: str, connect_timeout: float | None, ssl: Any = False,
                   read_timeout: float | None = None, write_timeout: float | None = None,
                   **kwargs: Any) -> Any:
@@ -146,11 +171,21 @@ class ReadAheadTransport(pyamqp.Transport):
     Connection = _AMQPConnection
 
 
+class ReadAheadSSLTransport(pyamqp.SSLTransport):
+    """kombu's py-amqp TLS transport (py-amqp's own reads) on qcluster's connection class:
+    its frames are decoded as on a plain one."""
+
+    Connection = _AMQPConnection
+
+
 class Connection(kombu.Connection):
     """A kombu Connection that uses :class:`ReadAheadTransport` wherever kombu would use
-    its plain py-amqp transport, including after a failover to the next URL (kombu
-    re-reads the transport from each URL's scheme)."""
+    its plain py-amqp transport (:class:`ReadAheadSSLTransport` for its TLS one), including
+    after a failover to the next URL (kombu re-reads the transport from each URL's
+    scheme)."""
 
     def get_transport_cls(self) -> Any:
         transport_cls = super().get_transport_cls()
-        return ReadAheadTransport if transport_cls is pyamqp.Transport else transport_cls
+        if transport_cls is pyamqp.Transport:
+            return ReadAheadTransport
+        return ReadAheadSSLTransport if transport_cls is pyamqp.SSLTransport else transport_cls

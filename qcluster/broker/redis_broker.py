@@ -231,13 +231,15 @@ class RedisBroker(Broker):
         if not self.cluster:
             return [self.client]
         answering, self._unanswered = [], []
-        for node in cast(Any, self.client).get_primaries():
+        cluster = cast(Any, self.client)
+        for node in cluster.get_primaries():
+            server = cluster.get_redis_connection(node)
             try:
-                node.redis_connection.ping()
+                server.ping()
             except _CONNECTION_ERRORS:
                 self._unanswered.append(f"{node.host}:{node.port}")
                 continue
-            answering.append(node.redis_connection)
+            answering.append(server)
         if not answering:
             raise redis.ConnectionError(f"no master answers ({', '.join(self._unanswered)})")
         return answering
@@ -323,7 +325,7 @@ class RedisBroker(Broker):
                 args += (job_id, body)
             reply = self._publishing("publish", keys, args)
             stored += (_text(job_id) for job_id in reply)
-        return stored
+        return list(dict.fromkeys(stored))
 
     def _registry(self, queue: str) -> str:
         return _registry_key(queue) if self.cluster else QUEUES_KEY
@@ -381,7 +383,7 @@ class RedisBroker(Broker):
         if self._stale_slot_map:
             cluster.nodes_manager.initialize()
             self._stale_slot_map = False
-        return cast(redis.Redis, cluster.get_node_from_key(key).redis_connection)
+        return cast(redis.Redis, cluster.get_redis_connection(cluster.get_node_from_key(key)))
 
     # --- consuming ------------------------------------------------------------
 
@@ -633,8 +635,12 @@ def _tail_args(settlement: Settlement, retention: DeadRetention) -> list[Any]:
     if not errors and not finished:
         return []
     args: list[Any] = [len(errors)]
+    texts: dict[int, str] = {}  # a batch that failed as one shares one error: encoded once
     for job_id, error in errors.items():
-        args += (_wire_id(job_id), error.to_json())
+        text = texts.get(id(error))
+        if text is None:
+            text = texts[id(error)] = error.to_json()
+        args += (_wire_id(job_id), text)
     return args + finished
 
 

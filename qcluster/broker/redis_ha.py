@@ -17,16 +17,15 @@ This module only parses URLs and builds the redis-py client; the queue logic is
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote
 
 import redis
-from redis._parsers.encoders import Encoder
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.commands.core import Script
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
@@ -163,13 +162,9 @@ class LazyCluster:
         self._make = make
         self._client: RedisCluster | None = None
 
-    def register_script(self, script: str) -> Script:
+    def register_script(self, script: str) -> NodeScript:
         # Hashed here, loaded on the server at first call; it calls us as the cluster client.
-        return NodeScript(self, script)  # type: ignore[arg-type]
-
-    def get_encoder(self) -> Encoder:
-        """Script hashes its text with this, before anything is connected."""
-        return Encoder("utf-8", "strict", False)
+        return NodeScript(self, script)
 
     def close(self) -> None:
         if self._client is not None:
@@ -187,11 +182,18 @@ class LazyCluster:
         return self._client
 
 
-class NodeScript(Script):
+class NodeScript:
     """A script run on the node that holds its keys: EVALSHA there, and on NOSCRIPT, EVAL
     there (which also caches it on that node). redis-py's Script loads a missing script
     with SCRIPT LOAD on every master, which fails while any one of them is down: one dead
-    shard then stopped every script of a process, on the live shards too."""
+    shard then stopped every script of a process, on the live shards too. It offers what
+    the broker uses of redis-py's ``Script`` (``sha``, ``script``, the call) on public
+    commands only: nothing of redis-py's internals."""
+
+    def __init__(self, registered_client: Any, script: str) -> None:
+        self.registered_client = registered_client
+        self.script = script
+        self.sha = hashlib.sha1(script.encode()).hexdigest()  # as Redis names it
 
     def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
         keys, args = list(keys or ()), list(args or ())

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 #: Delayed and retrying jobs share the ready set: a listing of one of them reads at most
 #: this many of the set's future entries to fill its page.
 SCAN_LIMIT = 10_000
+#: Finished records read per round trip when a lookup searches them.
+FINISHED_CHUNK = 2_000
 #: The lock set's marker member (take.lua) has this score; it is never a job.
 _MARKER_SCORE = "(+inf"
 
@@ -40,16 +42,52 @@ def lookup(broker: RedisBroker, keys_of: Any, job_id: str,
     for name in broker.queues() if queues is None else queues:
         k = keys_of(name)
         reply = broker._run("job", [k["ready"], k["locked"], k["jobs"], k["attempts"],
-                                    k["dead"], k["reasons"], k["errors"], k["finished"]],
-                            [job_id])
+                                    k["dead"], k["reasons"], k["errors"]], [job_id])
         found = _info(name, job_id, reply)
+        if found is None and not _text(reply[1]):
+            found = _finished(broker, k["finished"], name, job_id)
         if found is not None:
             return found
     return None
 
 
+def _finished(broker: RedisBroker, index: str, queue: str, job_id: str) -> JobInfo | None:
+    """The job's finished record: the live buckets' lists searched newest first, a chunk
+    per round trip (a lookup never holds the server for long)."""
+    needle = f",{job_id},".encode("utf-8", "surrogateescape")
+    with broker._errors():
+        names = cast(list[bytes], broker.client.hkeys(index))
+        buckets = sorted(names, key=_bucket_order, reverse=True)
+        for bucket in buckets:
+            end = -1
+            while True:
+                chunk = cast(list[bytes], broker.client.lrange(
+                    bucket, end - FINISHED_CHUNK + 1, end))
+                for entry in reversed(chunk):
+                    if needle in entry:
+                        return _finished_info(queue, job_id, entry)
+                if len(chunk) < FINISHED_CHUNK:
+                    break
+                end -= FINISHED_CHUNK
+    return None
+
+
+def _bucket_order(bucket: bytes) -> int:
+    """A bucket's start (ms): ``...:finished:WIDTH:INDEX``."""
+    width, index = bucket.rsplit(b":", 2)[-2:]
+    return _int(width) * _int(index)
+
+
+def _finished_info(queue: str, job_id: str, entry: bytes) -> JobInfo:
+    head = entry.split(b":", 1)[0].split(b" ")
+    done, taken = float(head[0]) / 1000, float(head[1]) / 1000
+    return JobInfo(id=job_id, queue=queue, state="finished", since=done, finished_at=done,
+                   started_at=taken, duration_s=max(0.0, done - taken),
+                   attempts=_int(head[2]) or None)
+
+
 def _info(queue: str, job_id: str, reply: list[Any]) -> JobInfo | None:
-    now_ms, where, score, body, tries, reason, error, finished = reply
+    now_ms, where, score, body, tries, reason, error = reply
     now_s = int(now_ms) / 1000
     past = abs(_int(tries))
     last_error = LastError.of(JobError.from_json(error))
@@ -61,7 +99,8 @@ def _info(queue: str, job_id: str, reply: list[Any]) -> JobInfo | None:
             return JobInfo(state="ready", since=float(score) / 1000, attempts=past + 1,
                            note="its last take's lock expired (its slot died or hung): it "
                                 "is ready again and counted as an attempt", **common)
-        return JobInfo(state="running", attempts=past + 1, **common)
+        return JobInfo(state="running", attempts=past + 1, lock_token=int(float(score)),
+                       **common)
     if where == "dead":
         return JobInfo(state="dead", since=float(score) / 1000, attempts=past,
                        reason=_text(reason), **common)
@@ -73,12 +112,6 @@ def _info(queue: str, job_id: str, reply: list[Any]) -> JobInfo | None:
         state: JobState = "retrying" if past or last_error else "delayed"
         return JobInfo(state=state, next_run_at=at, attempts=past,
                        since=enqueued_at_of(body) if state == "delayed" else None, **common)
-    if finished:
-        done_ms, taken_ms, attempts = [*_text(finished).split(" "), "", ""][:3]
-        done, taken = float(done_ms) / 1000, float(taken_ms) / 1000
-        return JobInfo(id=job_id, queue=queue, state="finished", since=done,
-                       finished_at=done, started_at=taken, duration_s=max(0.0, done - taken),
-                       attempts=_int(attempts) or None)
     if body:  # stored but in no set: a publish or settle between two of its steps
         return JobInfo(state="ready", attempts=past, **common)
     return None
@@ -141,12 +174,14 @@ def _running(broker: RedisBroker, k: dict[str, str], queue: str, offset: int,
         now_ms = _now_ms(broker)
         pipe = broker.client.pipeline(transaction=False)
         pipe.zcount(k["locked"], f"({now_ms}", _MARKER_SCORE)
-        pipe.zrangebyscore(k["locked"], f"({now_ms}", _MARKER_SCORE, start=offset, num=limit)
-        total, ids = pipe.execute()
-        details = _details(broker, k, ids)
+        pipe.zrangebyscore(k["locked"], f"({now_ms}", _MARKER_SCORE, start=offset, num=limit,
+                           withscores=True)
+        total, entries = pipe.execute()
+        details = _details(broker, k, [job_id for job_id, _ in entries])
     jobs = [JobInfo(id=_text(job_id), queue=queue, state="running", attempts=abs(_int(tries)) + 1,
-                    payload=payload_of(body), last_error=LastError.of(JobError.from_json(err)))
-            for job_id, (body, tries, err) in zip(ids, details, strict=True)]
+                    payload=payload_of(body), last_error=LastError.of(JobError.from_json(err)),
+                    lock_token=int(score))
+            for (job_id, score), (body, tries, err) in zip(entries, details, strict=True)]
     return JobPage(queue=queue, state="running", total=int(total), offset=offset, limit=limit,
                    jobs=jobs)
 

@@ -84,7 +84,7 @@ def test_async_handler_that_raises_is_retried_with_backoff_then_dead_lettered(
               lambda: client.stats(queue_name)["dead"] == 1)
     assert attempts == [1, 2, 3]
     (dead,) = client.dead_jobs(queue_name)
-    assert "ValueError: database said no" in dead.reason and "3 attempts" in dead.reason
+    assert "ValueError: database said no" in dead.reason and "attempt 3 of 3" in dead.reason
 
 
 def test_async_per_job_handler_runs_up_to_concurrency_jobs_at_once(
@@ -163,7 +163,8 @@ def test_an_exception_in_one_concurrent_job_loses_none_of_the_others(
     settled(client, queue_name)
     assert sorted(finished) == [0, 1, 2, 3, 5, 6, 7, 7, 8, 9]
     (dead,) = client.dead_jobs(queue_name)
-    assert dead.reason == "RuntimeError: job 4 broke (gave up after 2 attempts)"
+    assert dead.reason == ("attempt 2 of 2 raised and no attempt is left (max_attempts 2): "
+                           "last error RuntimeError: job 4 broke")
     assert client.stats(queue_name) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 1}
 
 
@@ -193,7 +194,8 @@ def test_a_job_awaiting_forever_is_cancelled_at_the_deadline_and_the_slot_goes_o
     run_until(runner, lambda: client.stats(queue_name)["dead"] == 1)
     assert cancelled == ["hang"]
     (dead,) = client.dead_jobs(queue_name)
-    assert dead.reason.startswith("TimeoutError: async batch cancelled after 0.8s")
+    assert dead.reason.endswith("last error TimeoutError: async batch cancelled after 0.8s "
+                                "(batch_timeout)")
     client.enqueue(queue_name, "after")
     run_until(runner, lambda: "after" in finished)
     settled(client, queue_name)

@@ -3,8 +3,11 @@ API (issue 18 item 6). Each test names the internal it checks: when an upgrade c
 one, this fails loudly here instead of somewhere deep in a slot.
 
 Kept for speed or robustness (and why), everything else is public API:
-- ``amqp.serialization.pstr_t`` is replaced (amqp_readahead.lenient_str): py-amqp decodes
+- ``amqp.serialization.pstr_t`` is replaced (amqp_readahead.scoped_str: lenient_str while
+  one of qcluster's connections reads a frame, py-amqp's own elsewhere): py-amqp decodes
   every short string strictly, and one bad byte stopped a consumer forever.
+  ``amqp.Connection.drain_events`` is overridden to mark that scope, and kombu's
+  ``pyamqp.SSLTransport.Connection`` is the hook for TLS connections.
 - ``amqp.transport.TCPTransport`` is subclassed, overriding ``read_frame`` and ``connect``
   and reading ``sock`` / ``raise_on_initial_eintr`` / ``connected`` (a third of a slot's
   CPU on RabbitMQ was py-amqp's three recv calls per frame); ``amqp.Connection.Transport``
@@ -20,6 +23,7 @@ import inspect
 import struct
 from collections.abc import Iterator
 from importlib.metadata import version
+from pathlib import Path
 
 import amqp
 import amqp.serialization
@@ -29,8 +33,8 @@ import pytest
 from kombu.transport import native_delayed_delivery as ndd
 from kombu.transport import pyamqp
 
-from qcluster.broker import open_broker
-from qcluster.broker.amqp_readahead import ReadAheadTCPTransport, lenient_str
+from qcluster.broker import amqp_readahead, open_broker
+from qcluster.broker.amqp_readahead import ReadAheadTCPTransport, scoped_str
 from qcluster.broker.kombu_broker import KombuBroker
 
 #: The ranges these tests passed with; pyproject.toml pins the same upper bounds.
@@ -64,23 +68,34 @@ def broker(rabbitmq_url: str) -> Iterator[KombuBroker]:
 
 
 def test_py_amqp_decodes_property_and_header_strings_through_pstr_t() -> None:
-    assert amqp.serialization.pstr_t is lenient_str, (
-        "amqp.serialization.pstr_t is not amqp_readahead.lenient_str: the patch was undone")
+    assert amqp.serialization.pstr_t is scoped_str, (
+        "amqp.serialization.pstr_t is not amqp_readahead.scoped_str: the patch was undone")
     bad = b"id-\xff\xfe"
     table = bytes([3]) + b"k\xffy" + b"S" + struct.pack(">I", len(bad)) + bad
     buf = (struct.pack(">H", 0x2000 | 0x0080)  # application_headers, message_id
            + struct.pack(">I", len(table)) + table + bytes([len(bad)]) + bad)
+    with pytest.raises(UnicodeDecodeError):  # outside qcluster's connections: py-amqp's own
+        amqp.serialization.decode_properties_basic(buf, 0)
+    token = amqp_readahead._LENIENT.set(True)  # as while _AMQPConnection.drain_events runs
     try:
         properties, _ = amqp.serialization.decode_properties_basic(buf, 0)
     except UnicodeDecodeError as exc:
         pytest.fail(f"py-amqp no longer reads strings through amqp.serialization.pstr_t "
                     f"(patched by qcluster.broker.amqp_readahead): {exc}")
+    finally:
+        amqp_readahead._LENIENT.reset(token)
     assert properties["message_id"] == bad.decode("utf-8", "surrogateescape")
     assert properties["application_headers"] == {
         "k\udcffy": bad.decode("utf-8", "surrogateescape")}
 
 
 # --- amqp.transport.TCPTransport, subclassed -------------------------------------------
+
+
+def _line_of(function: object, text: str) -> int:
+    """The file line number of the first line of ``function`` holding ``text``."""
+    lines, first = inspect.getsourcelines(function)  # type: ignore[arg-type]
+    return first + next(i for i, line in enumerate(lines) if text in line)
 
 
 def test_py_amqp_transport_hooks_the_read_ahead_transport_overrides() -> None:
@@ -96,6 +111,18 @@ def test_py_amqp_transport_hooks_the_read_ahead_transport_overrides() -> None:
         "kombu.transport.pyamqp.Transport.Connection is no longer py-amqp's Connection")
     assert callable(getattr(kombu.Connection, "get_transport_cls", None)), (
         "kombu.Connection.get_transport_cls is gone (amqp_readahead.Connection overrides it)")
+    assert list(inspect.signature(amqp.Connection.drain_events).parameters) == [
+        "self", "timeout"], "amqp.Connection.drain_events(self, timeout) changed"
+    # The lenient decoder's scope (amqp_readahead._AMQPConnection.drain_events): py-amqp
+    # reads and decodes every frame in blocking_read, which only drain_events calls.
+    assert "on_inbound_frame" in inspect.getsource(amqp.Connection.blocking_read)
+    package = Path(amqp.__file__).parent
+    calls = [f"{path.name}:{number}" for path in sorted(package.glob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if "blocking_read(" in line and "def blocking_read" not in line]
+    assert calls == [f"connection.py:{_line_of(amqp.Connection.drain_events, 'blocking_read(')}"], (
+        f"py-amqp reads frames outside drain_events: {calls}")
+    assert issubclass(pyamqp.SSLTransport, pyamqp.Transport), "kombu's pyamqp.SSLTransport"
 
 
 def test_a_connection_reads_through_the_read_ahead_transport(broker: KombuBroker) -> None:

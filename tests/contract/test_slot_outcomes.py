@@ -52,7 +52,7 @@ def test_handler_that_raises_is_retried_with_backoff_then_dead_lettered(
     assert gaps[0] >= 0.09 and gaps[1] >= gaps[0] * 0.9, f"backoff gaps {gaps}"
     (dead,) = client.dead_jobs(queue_name)
     assert "ValueError: database said no" in dead.reason
-    assert "3 attempts" in dead.reason
+    assert "attempt 3 of 3 raised and no attempt is left (max_attempts 3)" in dead.reason
     assert client.stats(queue_name) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 1}
     client.purge(queue_name)
 

@@ -237,3 +237,18 @@ def test_rabbitmq_returns_every_id_as_new(rabbitmq_url: str, queue_name: str) ->
     semantics"), and says so by returning every id."""
     with contextlib.closing(open_broker(rabbitmq_url)) as broker:
         assert broker.publish_many(queue_name, [("a", b"1"), ("a", b"2")]) == ["a"]
+
+
+def test_a_tick_published_again_after_its_job_finished_stores_nothing(
+        broker_url: str, queue_name: str) -> None:
+    """Every backend (RabbitMQ classic and quorum): the record, not the job, says the
+    tick is enqueued; a tick enqueued, taken and acked is refused the next time."""
+    name = f"j-{uuid.uuid4().hex[:8]}"
+    body = b'{"id": "x", "queue": "q", "payload": null, "enqueued_at": 0, ' \
+           b'"headers": {"qcluster-tick": "1000"}}'
+    with contextlib.closing(open_broker(broker_url)) as broker:
+        assert broker.publish_tick(queue_name, name, 1_000, f"periodic.{name}.1000", body)
+        assert taken_ticks(broker, queue_name, wait_s=1.0) == [1_000]
+        assert not broker.publish_tick(queue_name, name, 1_000, f"periodic.{name}.1000", body)
+        assert taken_ticks(broker, queue_name, wait_s=0.5) == []
+        assert broker.last_ticks()[name] == 1_000

@@ -256,7 +256,7 @@ def with_secrets(text: str) -> str:
 
 def qcluster_options(command: str) -> set[str]:
     """The options ``qcluster COMMAND`` shows in --help (from the CLI itself, roles included):
-    a hidden option is kept for old command lines only (``--host-auto``, ignored)."""
+    a hidden option is kept for old command lines only."""
     register_commands()
     group: Any = typer.main.get_command(cli)  # a click group (typer may vendor click)
     found = group.commands.get(command)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tests.brokers import free_port_run
 from tests.conftest import QCLUSTER, ROOT, qcluster_env, wait_until
+from tests.e2e.test_one_broker import processes_under
 
 
 def test_demo_runs_a_cluster_and_stops_cleanly(tmp_path: Path) -> None:
@@ -42,7 +43,7 @@ def test_demo_runs_a_cluster_and_stops_cleanly(tmp_path: Path) -> None:
                        for log in sorted((tmp_path / "state").rglob("*.log")))
         raise AssertionError(f"{waited}\n--- demo output\n{''.join(lines)[-3000:]}{logs}") from None
     finally:
-        demo.send_signal(signal.SIGTERM)  # the demo stops on it as on Ctrl-C
+        demo.send_signal(signal.SIGINT)  # Ctrl-C
         demo.wait(timeout=90)
         reader.join(timeout=30)
     output = "".join(lines)
@@ -52,5 +53,8 @@ def test_demo_runs_a_cluster_and_stops_cleanly(tmp_path: Path) -> None:
     assert "resize" in output and "slots" in output
     assert "demo stopped after enqueuing" in output
     assert "qcluster simulate --trace " in output  # the run was recorded for a replay
+    assert f"http://127.0.0.1:{port}/login?code=" in output  # its buttons work (one-time login)
     leftovers = subprocess.run(["pgrep", "-f", f"127.0.0.1:{port}"], capture_output=True)
     assert leftovers.stdout == b"", "a demo process outlived the demo"
+    # nor its embedded broker: no process left whose command line names its state directory
+    assert processes_under(tmp_path) == []

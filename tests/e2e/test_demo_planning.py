@@ -5,6 +5,7 @@ in between, read from the decisions `/api/v1/cluster` reports; and the run's rec
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
@@ -23,6 +24,8 @@ DEMO_S = 180
 MAX_MOVES_PER_EDGE = 2
 POLL_S = 3.0
 Move = tuple[float, int, int, str]  # (at, from, to, reason)
+#: The demo's progress line: "   25s enqueued 31,250 | ..." (t in whole seconds).
+PROGRESS = re.compile(r"^\s*(\d+)s enqueued ")
 
 
 class Demo:
@@ -65,8 +68,18 @@ class Demo:
             return code
 
     def load_started_at(self) -> float:
-        """Wall time of the banner, printed just before the load generator starts."""
-        return next(at for at, line in self.lines if "qcluster demo" in line)
+        """Wall time the load generator started, at the latest: the banner is printed just
+        before it starts, and each progress line says the generator's own ``t`` (rounded
+        to the second). A line is read some time after it was printed (more on a loaded
+        machine, where the reader thread waits for a core), so every line gives a bound
+        from above and the tightest one wins: the edges are not placed late, which would
+        count the moves right after an edge against the one before."""
+        bounds = [at for at, line in self.lines if "qcluster demo" in line]
+        for at, line in self.lines:
+            found = PROGRESS.match(line)
+            if found:
+                bounds.append(at - int(found.group(1)) + 0.5)
+        return min(bounds)
 
     @property
     def output(self) -> str:

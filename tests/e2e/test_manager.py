@@ -76,6 +76,7 @@ window_s = 10.0
 
 [queues.{prefix}-work]
 max_slots = 6
+idle_s = 0  # no warm slot: a drained queue goes back to 0 within the test
 
 [queues.{prefix}-leak]
 max_slots = 0

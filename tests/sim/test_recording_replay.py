@@ -117,3 +117,39 @@ def test_the_command_replays_a_real_recording(tmp_path: Path) -> None:
     for run in figures["policies"].values():
         assert {"mail", "thumbs"} <= set(run["queues"])
     assert "torn" in result.stderr
+
+
+def saturated_round(t_s: float, done: int, slots: int, mean: float, backlog: int) -> str:
+    return json.dumps({"type": "round", "t_s": t_s, "hosts": {"a": {"slots": 8, "alive": True}},
+                       "queues": {"q": {"arrived": done, "done": done, "backlog": backlog,
+                                        "mean_job_s": mean, "slots": slots}}})
+
+
+def test_a_recordings_per_batch_cost_is_fitted_from_its_saturated_rounds(tmp_path: Path) -> None:
+    """4 slots busy for 2 s did 1,000 jobs of 2 ms: 8 ms of slot time per job, 6 ms of it
+    beyond the handler, 60 ms per batch of 10. Rounds without a backlog at both ends say
+    nothing of it; fewer than 3 saturated rounds fit none."""
+    lines = [header(q=policy(batch_size=10)), saturated_round(2.0, 100, 4, 0.002, 0)]
+    lines += [saturated_round(2.0 * k, 1000, 4, 0.002, 500) for k in range(2, 7)]
+    lines.append(saturated_round(14.0, 10, 4, 0.002, 0))
+    trace = load_trace(write(tmp_path, lines))
+    assert trace.queues["q"].batch_cost_s == pytest.approx(0.06)
+    few = load_trace(write(tmp_path, lines[:4]))  # rounds 2-3 saturated: 2 of them
+    assert few.queues["q"].batch_cost_s == 0.0
+
+
+def test_a_batch_cost_slows_the_simulated_slots() -> None:
+    from qcluster.manager.simulator import simulate
+    from qcluster.manager.simulator.trace import parse_trace
+
+    base = {"duration_s": 120, "hosts": {"a": {"slots": 8}},
+            "queues": {"q": {"policy": {"batch_size": 10, "max_slots": 2},
+                             "rate": [[0, 300]], "arrivals": "even",
+                             "job_time": {"dist": "fixed", "mean_s": 0.002}}}}
+    costly = json.loads(json.dumps(base))
+    costly["queues"]["q"]["batch_cost_s"] = 0.06
+    plain = simulate(parse_trace(base), ("qcluster",)).runs["qcluster"].queues["q"]
+    slowed = simulate(parse_trace(costly), ("qcluster",)).runs["qcluster"].queues["q"]
+    # 300 jobs/s x 8 ms = 2.4 slot-s/s on 2 slots: a backlog grows; at 2 ms it does not.
+    assert plain.backlog < 300 < slowed.backlog  # at the end
+    assert slowed.busy_seconds > 2 * plain.busy_seconds

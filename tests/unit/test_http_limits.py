@@ -28,7 +28,7 @@ from qcluster.broker import open_broker
 from qcluster.config import load_settings
 from qcluster.manager.api import create_app
 from qcluster.manager.service import ManagerService
-from qcluster.manager.serving import HeaderDeadlineProtocol, uvicorn_options
+from qcluster.manager.serving import RequestDeadlineProtocol, uvicorn_options
 from qcluster.manager.state import ClusterState
 from qcluster.master.http import serve
 from qcluster.master.snapshot import Snapshot
@@ -226,7 +226,7 @@ def test_manager_lets_a_slow_body_finish(manager_port: int) -> None:
 
 def test_manager_options_bound_concurrency() -> None:
     options = uvicorn_options()
-    assert options["http"] is HeaderDeadlineProtocol and options["limit_concurrency"] > 0
+    assert options["http"] is RequestDeadlineProtocol and options["limit_concurrency"] > 0
 
 
 def test_the_uvicorn_internals_the_deadline_relies_on_are_there() -> None:
@@ -238,7 +238,8 @@ def test_the_uvicorn_internals_the_deadline_relies_on_are_there() -> None:
         f"uvicorn {uvicorn.__version__} is outside the range manager/serving.py was checked "
         f"on ({low} <= v < {high}): check its H11Protocol use, then widen the range")
     for name, params in [("connection_made", ["transport"]), ("data_received", ["data"]),
-                         ("on_response_complete", []), ("connection_lost", ["exc"])]:
+                         ("on_response_complete", []), ("connection_lost", ["exc"]),
+                         ("shutdown", [])]:
         method = getattr(H11Protocol, name, None)
         assert method is not None, f"uvicorn's H11Protocol has no {name}()"
         assert list(inspect.signature(method).parameters)[1:] == params, name
@@ -249,3 +250,4 @@ def test_the_uvicorn_internals_the_deadline_relies_on_are_there() -> None:
     assert "self.on_response_complete" in source, "on_response_complete is no longer called"
     assert h11.IDLE is not None and hasattr(h11.Connection, "trailing_data")
     assert hasattr(h11.Connection, "their_state")
+    assert "timeout_graceful_shutdown" in inspect.signature(uvicorn.Config).parameters

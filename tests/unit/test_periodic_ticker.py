@@ -89,7 +89,7 @@ def test_a_failed_publish_leaves_the_tick_to_the_next_pass(broker: Broker,
         raise BrokerUnavailable("the broker went away")
 
     clock.at = T0 + 1.5
-    broker.publish_tick = refuse  # type: ignore[method-assign]
+    broker.publish_tick = refuse  # type: ignore[method-assign, assignment]
     with pytest.raises(BrokerUnavailable):
         failing.run_due()
     broker.publish_tick = original  # type: ignore[method-assign]
@@ -184,7 +184,7 @@ def test_the_broker_lock_is_taken_per_tick_not_per_pass(broker: Broker,
         held_at_claim.append(lock.taken)
         return original(*args)
 
-    broker.publish_tick = claim_and_look  # type: ignore[method-assign]
+    broker.publish_tick = claim_and_look  # type: ignore[method-assign, assignment]
     clock.at = T0 + 5.5
     manager.run_due()
     assert manager.enqueued == 5

@@ -2,7 +2,7 @@
 -- dead (move to the dead-letter set with a reason), release (unlock, ready now, unstarted),
 -- crashed (unlock, ready now, counted, suspect), refused (dead, not counted).
 -- KEYS: ready, locked, jobs, attempts, dead zset (id -> dead ms), reasons hash, wake list,
---       errors hash (id -> last error JSON), finished index zset (bucket key -> expiry ms)
+--       errors hash (id -> last error JSON), finished index hash (bucket key -> jobs)
 -- ARGV: n_ack, n_postpone, n_dead, n_release, dead_max_count, dead_max_age_ms,
 --       then n_ack ids,
 --       then n_postpone triples (id, lock_until_ms, delay_ms),
@@ -22,9 +22,8 @@
 -- last of them ended by lock expiry (take.lua), which a settled take clears.
 -- Dead letters are kept at most dead_max_count per queue and dead_max_age_ms.
 -- A postponed or dead-lettered job keeps its last error (replacing an earlier one) until it
--- is acked, requeued or forgotten. An acked job leaves a finished record ("finished_ms
--- taken_ms attempts") for keep_finished_ms in a time bucket (a hash that expires whole:
--- no per-job expiry work), at most finished_cap per bucket.
+-- is acked, requeued or forgotten. An acked job leaves a finished record for
+-- keep_finished_ms (see the finished section), at most finished_cap per time bucket.
 -- Returns the number of jobs settled.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -145,7 +144,10 @@ for _ = 1, n_errors do
   i = i + 2
   if moved[id] then redis.call('HSET', KEYS[8], id, err) end
 end
--- Appended too: finished records of the acks (absent when the queue keeps none).
+-- Appended too: finished records of the acks (absent when the queue keeps none): one list
+-- entry per run of acks, "finished_ms taken_ms attempts:,id,id,...,", in the list of the
+-- current time bucket (it expires whole: no per-job expiry work, one push per batch).
+-- The index hash counts each live bucket's jobs (at most finished_cap are kept).
 local keep = tonumber(ARGV[i]) or 0
 if keep > 0 and n_ack > 0 then
   local cap, n_runs = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
@@ -153,26 +155,23 @@ if keep > 0 and n_ack > 0 then
   local width = math.max(1000, math.ceil(keep / 8))
   local index = math.floor(now / width)
   local bucket = KEYS[9] .. ':' .. width .. ':' .. index
-  local size = redis.call('HLEN', bucket)
-  if size == 0 then
-    local expires = (index + 1) * width + keep
-    redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
-    redis.call('ZADD', KEYS[9], expires, bucket)
-  end
-  if size < cap then
-    local fields, a = {}, 7
-    for _ = 1, n_runs do
-      local value = now .. ' ' .. ARGV[i] .. ' ' .. ARGV[i + 1]
-      local count = tonumber(ARGV[i + 2])
+  local count = redis.call('HINCRBY', KEYS[9], bucket, n_ack)
+  if count <= cap then
+    local entries, a = {}, 7
+    for r = 1, n_runs do
+      local n = tonumber(ARGV[i + 2])
+      entries[r] = now .. ' ' .. ARGV[i] .. ' ' .. ARGV[i + 1] .. ':,'
+        .. table.concat(ARGV, ',', a, a + n - 1) .. ','
+      a = a + n
       i = i + 3
-      for k = a, a + count - 1 do
-        fields[#fields + 1] = ARGV[k]
-        fields[#fields + 1] = value
-      end
-      a = a + count
     end
-    redis.call('HSET', bucket, unpack(fields))
-    if size == 0 then redis.call('PEXPIREAT', bucket, (index + 1) * width + keep) end
+    redis.call('RPUSH', bucket, unpack(entries))
+  end
+  if count == n_ack then  -- a new bucket: it expires whole; forget the expired ones
+    redis.call('PEXPIREAT', bucket, (index + 1) * width + keep)
+    for _, old in ipairs(redis.call('HKEYS', KEYS[9])) do
+      if redis.call('EXISTS', old) == 0 then redis.call('HDEL', KEYS[9], old) end
+    end
   end
 end
 if released > 0 then
