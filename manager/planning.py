@@ -18,9 +18,9 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
 * up: once ``want`` stayed above the band for two rounds and the last move has landed
   (running == planned), to the least those rounds wanted; at once to ``ceil(want)`` when
   ``want`` is beyond the band by far;
-* down: only after ``want`` stayed below the band's lower side (``LOWER_SHARE`` of the
-  band) for ``hold_rounds(priority)`` rounds in a row (longer for higher priorities) over
-  at least ``MIN_RELEASE_JOBS`` jobs (or ``MAX_HOLD_ROUNDS`` rounds), then to the fewest slots
+* down: only after ``want`` stayed below the band for ``hold_rounds(priority)`` rounds in
+  a row (longer for higher priorities) over at least ``MIN_RELEASE_JOBS`` jobs (or
+  ``MAX_HOLD_ROUNDS`` rounds), then to the fewest slots
   that keep the most those rounds wanted (but the first two, which still count part of
   the old rate) within half the band's upper side;
 * a queue with backlog and no measurement yet is planned like any other, at the policy's
@@ -67,12 +67,12 @@ UP_ROUNDS = 2
 #: per priority step (a high-priority queue keeps its slots for the next burst), the limits.
 BASE_HOLD_ROUNDS = 5
 MIN_HOLD_ROUNDS = 3
-MAX_HOLD_ROUNDS = 10
+MAX_HOLD_ROUNDS = 30
 #: The first rounds below the band still count part of the old rate (reports lag): their
 #: want does not set where a release lands.
 SETTLE_ROUNDS = 2
 #: A release needs this many jobs counted below the band (fewer: the count is noise).
-MIN_RELEASE_JOBS = 50
+MIN_RELEASE_JOBS = 200
 #: The arrival estimate: a round's count moves the running estimate by this share, unless it
 #: is more than JUMP_SIGMAS Poisson deviations from it (the rate changed: take it at once).
 SMOOTHING = 0.25
@@ -88,11 +88,13 @@ IDLE_MIN_DRAIN_S = 10.0
 #: ... as many as drain it within this (faster is not worth the forks), one per batch at
 #: most, within max_slots, while the backlog lasts; then released by the usual hold.
 IDLE_DRAIN_S = 5.0
-#: ... and only when they would at least multiply the queue's slots by this much.
+#: ... and only when the slots they add (within the free ones) at least multiply the
+#: queue's slots by this much.
 IDLE_STEP = 1.5
-#: The band's lower side, as a share of it: a plan above what the work needs is slack that
-#: buys no wait (the rate fell); the hold still keeps it a while.
-LOWER_SHARE = 0.5
+#: The band's lower side, as a share of it. Half the band cut the diurnal day's slack
+#: (0.333 -> 0.293 with shorter holds) but released slots within the flat phases of a
+#: square wave, live and on steady.json: the whole band.
+LOWER_SHARE = 1.0
 #: A periodic queue's slot is started this long before its next tick (a fork and an
 #: import), plus a round (the next round may come too late).
 PREWARM_S = 5.0
@@ -172,6 +174,9 @@ class QueuePlan(Streak):
     why: Why
     backlog: int = 0
     """Ready jobs at this round."""
+    spare: int = 0
+    """Of ``needed``, the slots a hold or a warm slot keeps while nothing waits: any
+    queue's real need ranks before them when capacity is short."""
 
     @property
     def reason(self) -> str:
@@ -459,11 +464,12 @@ def use_idle(queues: Sequence[QueueInput], needs: Mapping[str, Need],
         have = granted[queue.name]
         wanted = min(math.ceil(arriving + backlog_s / IDLE_DRAIN_S), policy.max_slots,
                      have + math.ceil(backlog / policy.batch_size))
-        if wanted < have * IDLE_STEP:
-            # A backlog that grows while slots drain it slower than their job time says
-            # (a loaded host) would add a slot or two every round: one move, or none.
-            continue
         more = min(free, wanted - have)
+        if have + more < have * IDLE_STEP:
+            # A backlog that grows while slots drain it slower than their job time says
+            # (a loaded host), or the few slots free this round, would add a slot or two
+            # every round: one move, or none.
+            continue
         if more > 0:
             extra[queue.name] = more
             free -= more
@@ -504,7 +510,8 @@ def plan(
         plans[queue.name] = QueuePlan(
             name=queue.name, current=queue.current, needed=max(need.needed, got), planned=got,
             load=need.load, band=band_for(queue.policy.priority), mean_job_s=job_s, why=reason,
-            backlog=queue.window.backlog, work=need.work, low_rounds=need.low_rounds,
+            backlog=queue.window.backlog, spare=need.spare, work=need.work,
+            low_rounds=need.low_rounds,
             low_peak=need.low_peak, low_jobs=need.low_jobs, high_rounds=need.high_rounds,
             high_floor=need.high_floor, quiet_s=need.quiet_s,
         )

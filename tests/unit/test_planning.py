@@ -113,8 +113,9 @@ def test_scarcity_serves_minimums_then_priority(queues: list[QueueInput], capaci
         for b in plans.values():
             pa, pb = by_name[a.name].policy, by_name[b.name].policy
             if pa.priority > pb.priority and b.planned > min(pb.min_slots, b.needed):
-                # b got more than its minimum: a must have all it needed.
-                assert a.planned == a.needed
+                # b got more than its minimum: a must have all it needed but its spare
+                # (a hold or a warm slot no job waits for ranks after any real need).
+                assert a.planned >= a.needed - a.spare
             if pa.priority > pb.priority and a.planned < min(pa.min_slots, a.needed):
                 # a's minimum is not met: nothing was left for a lower priority.
                 assert b.planned == 0
@@ -136,7 +137,9 @@ def test_backlog_without_measurements_needs_what_drains_it_within_its_target() -
     other = QueueInput("o", make_policy(priority=9, max_slots=100), 0,
                        QueueWindow(backlog=40_000))
     shared = plan([queue, other], 40, TU)
-    assert shared["q"].planned == 3 and shared["o"].planned == 37
+    # o needs 34 by priority; the 3 left would add under half of o's slots (IDLE_STEP):
+    # they drain q's backlog.
+    assert shared["q"].planned == 6 and shared["o"].planned == 34
 
 
 def test_reason_carries_the_numbers() -> None:
