@@ -153,3 +153,8 @@ def start_qcluster(*args: str, cwd: Path | None = None, **env: str) -> subproces
         [*QCLUSTER, *args], cwd=cwd or ROOT, env=qcluster_env(**env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
+
+
+# The Chromium fixtures (``browser``, ``page``), registered here once for the browser tests
+# and the end-to-end tests that open a page: one Playwright session per test session.
+from tests.browser.chromium import browser, page  # noqa: E402, F401

@@ -48,6 +48,9 @@ def test_search_listing_and_actions(http: TestClient, redis_url: str, queue_name
     assert f"1 to {PAGE_SIZE} of 60" in first and first.count('class="job-row"') == PAGE_SIZE
     last = http.get(f"/queues/{queue_name}/jobs", params={"state": "dead", "offset": 999})
     assert "51 to 60 of 60" in last.text
+    huge = http.get(f"/queues/{queue_name}/jobs",
+                    params={"state": "dead", "offset": 10**20})
+    assert huge.status_code == 200 and "51 to 60 of 60" in huge.text
 
     refused = http.post(f"/queues/{queue_name}/dead/delete", data={"one": "j7"})
     assert refused.status_code == 401
