@@ -448,12 +448,18 @@ def test_cli_dead_limit_zero_shows_no_job(private_redis: str) -> None:
     assert "reason-marker" in qcluster("dead", "q", "--broker", private_redis).stdout
 
 
-def test_cli_warns_when_no_app_queue_has_the_name(private_redis: str, tmp_path: Path) -> None:
+def test_cli_refuses_a_queue_no_app_declares_unless_forced(
+    private_redis: str, tmp_path: Path
+) -> None:
     (tmp_path / "qcluster.toml").write_text('app = "tests.apps.slot_apps"\n')
-    result = qcluster("enqueue", "nobody-serves-this", "1", "--broker", private_redis,
-                      "--config", str(tmp_path / "qcluster.toml"))
-    assert result.returncode == 0, result.stderr
-    assert "no queue of the app is named 'nobody-serves-this'" in result.stderr
+    args = ("enqueue", "nobody-serves-this", "1", "--broker", private_redis,
+            "--config", str(tmp_path / "qcluster.toml"))
+    refused = qcluster(*args)
+    assert refused.returncode == 2, refused.stderr
+    assert "no queue of the app is named 'nobody-serves-this'" in refused.stderr
+    forced = qcluster(*args, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stderr.count("no queue of the app is named 'nobody-serves-this'") == 1
 
 
 def test_client_honours_the_queue_policy_max_message_bytes(
