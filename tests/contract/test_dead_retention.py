@@ -76,7 +76,7 @@ def test_a_queue_keeps_only_its_newest_dead_letters_and_others_are_untouched(
         assert sorted(d.id for d in broker.dead_jobs(other)) == ["o0", "o1", "o2", "o3"]
         # RabbitMQ returns the letters dead_jobs peeked at when it closes the peeking
         # channel, after the call: a quorum queue's count can miss them for a moment.
-        wait_until(lambda: broker.stats(other).dead == 4, timeout_s=10,
+        wait_until(lambda: broker.stats(other).dead == 4, timeout_s=60,
                    message="the other queue's 4 dead letters counted")
     finally:
         delete = getattr(broker, "delete_queue", None)

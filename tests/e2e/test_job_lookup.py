@@ -64,7 +64,7 @@ def start(procs: Procs, broker_url: str, prefix: str, tmp_path: Path) -> int:
     # take each slot holds, which the lookup turns into a running job's host and slot.
     procs.start("master", "master", "--app", APP, "--broker", broker_url, "--config",
                 str(config), "--host-name", "lookup", "--manager", f"http://127.0.0.1:{port}")
-    wait_until(lambda: try_json(port, "/healthz"), timeout_s=30, message="manager up")
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
     return port
 
 
