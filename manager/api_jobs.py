@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qcluster.errors import BrokerError
 from qcluster.jobs import MAX_PAGE, JobInfo, JobPage
@@ -25,14 +25,28 @@ JobIdPath = Annotated[str, Path(min_length=1, max_length=200)]
 MAX_IDS = 10_000
 
 
-class Ids(BaseModel):
-    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
-        None, max_length=MAX_IDS)
+JobIds = Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]],
+                   Field(max_length=MAX_IDS)]
+
+
+class RequeueIds(BaseModel):
+    """``{"ids": [...]}`` or ``{"all": true}``, never both: a misspelt field is refused
+    (422), so it cannot fall through to "every dead letter"."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: JobIds | None = None
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> RequeueIds:
+        if (self.ids is not None) == self.all:
+            raise ValueError('give either "ids" (a list of job ids) or "all": true')
+        return self
 
 
 class RequiredIds(BaseModel):
-    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
-        ..., max_length=MAX_IDS)
+    model_config = ConfigDict(extra="forbid")
+    ids: JobIds
 
 
 def on_broker(service: ManagerService, call: Callable[[], T]) -> T:
@@ -108,9 +122,10 @@ def jobs(queue: NamePath, service: ServiceDep,
 
 
 @router.post("/api/v1/queues/{queue}/dead/requeue", dependencies=GUARDED)
-def requeue(queue: NamePath, service: ServiceDep, body: Ids | None = None) -> dict[str, Any]:
-    """Requeue the dead letters ``ids`` (omitted: every one): ready now, attempts reset."""
-    ids = body.ids if body is not None else None
+def requeue(queue: NamePath, service: ServiceDep, body: RequeueIds) -> dict[str, Any]:
+    """Requeue the dead letters ``ids``, or every one with ``{"all": true}``: ready now,
+    attempts reset."""
+    ids = None if body.all else body.ids
     return {"requeued": on_broker(service, lambda: service.broker.requeue_dead(queue, ids))}
 
 
