@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from qcluster.errors import BrokerError
 from qcluster.jobs import MAX_PAGE, JobInfo, JobPage
 from qcluster.manager.api_deps import GUARDED, NamePath, ServiceDep
+from qcluster.manager.job_reads import JobReadsBusy
 from qcluster.manager.service import ManagerService
 
 router = APIRouter(tags=["jobs"])
@@ -49,12 +50,17 @@ class RequiredIds(BaseModel):
     ids: JobIds
 
 
-def on_broker(service: ManagerService, call: Callable[[], T]) -> T:
-    """A broker call under the service's broker lock; 503 when the broker fails, 501
-    when the backend cannot do it."""
+def on_broker(service: ManagerService, call: Callable[[], T], *, shared: bool = True) -> T:
+    """A broker call, under the service's broker lock when ``shared`` (the job reads
+    take their own: manager/job_reads.py); 503 when the broker fails, 501 when the
+    backend cannot do it, 429 when too many job reads run."""
     try:
+        if not shared:
+            return call()
         with service.broker_lock:
             return call()
+    except JobReadsBusy as exc:
+        raise HTTPException(429, str(exc), headers={"Retry-After": "1"}) from None
     except NotImplementedError as exc:
         raise HTTPException(501, str(exc)) from None
     except BrokerError as exc:
@@ -67,6 +73,7 @@ def known_queues(service: ManagerService) -> list[str]:
     view = service.cluster_view()
     names = {queue.name for queue in view.queues}
     names |= {queue.name for queue in view.undeclared_queues}
+    names |= service.job_reads.queues()
     return sorted(names | set(on_broker(service, service.broker.queues)))
 
 
@@ -74,8 +81,7 @@ def known_queues(service: ManagerService) -> list[str]:
 def job(job_id: JobIdPath, service: ServiceDep) -> JobInfo:
     """Where the job is and since when; 404 when no queue holds it (nor a record of it).
     State ``unknown`` with a note where the backend cannot tell (RabbitMQ)."""
-    queues = known_queues(service)
-    found = on_broker(service, lambda: service.broker.job(job_id, queues=queues))
+    found = on_broker(service, lambda: service.find_job(job_id), shared=False)
     if found is None:
         raise HTTPException(404, f"no job {job_id} in any queue (finished jobs are "
                                  "remembered for their queue's keep_finished_s only)")
@@ -116,8 +122,8 @@ def jobs(queue: NamePath, service: ServiceDep,
          offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
          limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> JobPage:
     """A page of the queue's jobs in ``state``; dead letters newest first."""
-    page = on_broker(service, lambda: service.broker.job_page(
-        queue, state, offset=offset, limit=limit))
+    page = on_broker(service, lambda: service.job_page(queue, state, offset, limit),
+                     shared=False)
     return page.model_copy(update={"jobs": placed(service, page.jobs)})
 
 
