@@ -129,6 +129,31 @@ def test_the_local_token_is_written_once_for_this_user_alone(tmp_path: Path) -> 
     assert read_local_token(tmp_path / "none") is None
 
 
+def test_the_local_tokens_directory_is_made_private(tmp_path: Path) -> None:
+    ensure_local_token(tmp_path / "made" / "state")
+    assert (tmp_path / "made" / "state").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_token_directory_others_may_write_in_is_refused(tmp_path: Path, mode: int) -> None:
+    # another user could swap the file there (a symlink loop: no control works any more)
+    state = tmp_path / "state"
+    ensure_local_token(state)
+    state.chmod(mode)
+    for call in (ensure_local_token, read_local_token):
+        with pytest.raises(ConfigError, match=r"local token's directory .* is writable by others"):
+            call(state)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_token_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    ensure_local_token(state)
+    os.chown(state, 65534, 65534)
+    with pytest.raises(ConfigError, match=r"local token's directory .* belongs to uid 65534"):
+        ensure_local_token(state)
+
+
 def test_a_misspelt_variable_is_named_with_the_setting_meant() -> None:
     from qcluster.cli_support import warn_misspelt_variables
 
