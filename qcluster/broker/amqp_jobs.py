@@ -52,9 +52,12 @@ def dead_page(broker: KombuBroker, queue: str, *, offset: int,
         total = broker._count(dead_queue_name(queue))
         channel = broker.conn.channel()
         try:
-            messages = _dead_messages(broker, channel, queue, min(offset + limit, total))
+            messages = _dead_messages(broker, channel, queue, offset + limit)
         finally:
             channel.close()  # unacked: the broker puts them back, in order
+        if messages:  # letters just given back by another reader may not be counted yet
+            left = messages[-1].delivery_info.get("message_count")
+            total = max(total, len(messages) + (left if isinstance(left, int) else 0))
         return total, [_dead_job(queue, m) for m in messages[offset:offset + limit]]
 
     return broker._retrying(read)
