@@ -102,6 +102,9 @@ def test_the_one_time_login_makes_the_buttons_work(page: Page,
     assert controls(directory, url) == [("pause", "emails", "local")]
     page.locator('tr[data-queue="emails"] button[data-action="resume"]').first.click()
     expect(page.locator("#action-done")).to_have_text("Queue emails resumed.")
+    page.goto(f"{url}/queues/emails")  # another page's form (its token field is required)
+    page.locator("#dead-letter button[type=submit]").click()
+    expect(page.locator("#requeued")).to_have_text("Requeued 0 dead job(s).")
     # the link is spent; a session is for the page's forms from its own origin, never the API
     assert httpx.get(link, timeout=10).status_code == 401
     forged = httpx.post(f"{url}/queues/emails/pause", timeout=10,
