@@ -16,6 +16,7 @@ import secrets
 import stat
 from pathlib import Path
 
+from qcluster.broker.embedded import check_state_dir
 from qcluster.errors import ConfigError
 
 TOKEN_FILE = "token"
@@ -31,12 +32,14 @@ def ensure_local_token(state_dir: Path) -> str:
     """The local token, written first (0600) if there is none.
 
     Raises:
-        ConfigError: the state directory cannot be written, or the file is not this user's
-            alone (one line naming it).
+        ConfigError: the state directory cannot be written, is not this user's or others may
+            write in it (they could swap the file), or the file is not this user's alone
+            (one line naming it).
     """
     path = token_path(state_dir)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_directory(path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         pass
@@ -55,10 +58,12 @@ def read_local_token(state_dir: Path) -> str | None:
     """The local token of ``state_dir``; None when there is none.
 
     Raises:
-        ConfigError: the file is another user's, or others may read it (it is refused).
+        ConfigError: the file is another user's, or others may read it, or its directory is
+            another user's or others may write in it (it is refused).
     """
     path = token_path(state_dir)
     try:
+        _check_directory(path)
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
@@ -71,3 +76,15 @@ def read_local_token(state_dir: Path) -> str | None:
                               f"{info.st_uid}, mode {stat.filemode(info.st_mode)}): remove it, "
                               "or chmod 600 it")
         return file.read().strip() or None
+
+
+def _check_directory(path: Path) -> None:
+    """ConfigError unless the token's directory is this user's and no one else may write in
+    it: another user could otherwise replace the file (FileNotFoundError: none yet)."""
+    try:
+        check_state_dir(path.parent, "the local token's directory")
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot read the local token's directory {path.parent}: "
+                          f"{exc.strerror or exc}") from None

@@ -210,30 +210,33 @@ class GuardMiddleware:
                                      or int(declared) > self.max_body_bytes):
             await _plain(send, 413, f"Request body above {self.max_body_bytes} bytes")
             return
-        body = await self._read_body(receive)
+        body = await read_body(receive, self.max_body_bytes)
         if body is None:
             await _plain(send, 413, f"Request body above {self.max_body_bytes} bytes")
             return
-        await self.app(scope, _replay(body, receive), send)
-
-    async def _read_body(self, receive: Receive) -> bytes | None:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break  # disconnected: the app sees an empty body
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                break
-        return b"".join(chunks)
+        await self.app(scope, replay_body(body, receive), send)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+async def read_body(receive: Receive, max_bytes: int | None = None) -> bytes | None:
+    """A request's whole body; None once it goes above ``max_bytes`` (the rest unread)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # disconnected: the app sees an empty body
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if max_bytes is not None and size > max_bytes:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the app ``body`` (already read), then what ``receive`` gives."""
     sent = False
 
     async def replay() -> Message:

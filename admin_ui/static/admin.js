@@ -53,3 +53,39 @@
 
   window.setInterval(refresh, seconds * 1000);
 })();
+
+// Signed in by a one-time login (qcluster login): the session id lives in this origin's
+// localStorage, never in a cookie (a browser sends a host's cookies to all of its ports), and
+// goes with each form post of the page as its "session" field.
+(function () {
+  "use strict";
+  var session = null;
+  try { session = window.localStorage.getItem("qcluster_session"); } catch (e) { return; }
+  if (!session) { return; }
+
+  function signedIn() {
+    var fields = document.querySelectorAll("input[name=token]");
+    for (var i = 0; i < fields.length; i++) {
+      fields[i].required = false;
+      fields[i].placeholder = "signed in";
+    }
+  }
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.method !== "post") { return; }  // never in an address (the job search)
+    var field = form.querySelector("input[name=session]");
+    if (!field) {
+      field = document.createElement("input");
+      field.type = "hidden";
+      field.name = "session";
+      form.appendChild(field);
+    }
+    field.value = session;
+  }, true);
+  signedIn();
+  var live = document.getElementById("live");
+  if (live && window.MutationObserver) {  // the refresh above swaps the page's forms
+    new MutationObserver(signedIn).observe(live, { childList: true });
+  }
+})();

@@ -93,19 +93,21 @@ def _new_socket_path(state_dir: Path) -> Path:
     return directory / SOCKET_NAME
 
 
-def check_state_dir(state_dir: Path) -> None:
-    """ConfigError unless ``state_dir`` is this user's and no one else may write in it
-    (another user could otherwise place the socket, or the lock, the user's jobs go to)."""
+def check_state_dir(state_dir: Path, what: str = "the embedded broker's state directory"
+                    ) -> None:
+    """ConfigError unless ``state_dir`` (``what``, in the message) is this user's and no one
+    else may write in it (another user could otherwise place the socket, or the lock, the
+    user's jobs go to, or swap the local token)."""
     info = state_dir.lstat()
     if stat.S_ISLNK(info.st_mode):
         info = state_dir.stat()  # a link the user made to a directory: judge the directory
     if info.st_uid != os.geteuid():
         raise ConfigError(
-            f"the embedded broker's state directory {str(state_dir)!r} belongs to uid "
+            f"{what} {str(state_dir)!r} belongs to uid "
             f"{info.st_uid}, not to this user (uid {os.geteuid()}): refusing to use it")
     if stat.S_IMODE(info.st_mode) & 0o022:
         raise ConfigError(
-            f"the embedded broker's state directory {str(state_dir)!r} is writable by "
+            f"{what} {str(state_dir)!r} is writable by "
             f"others (mode {stat.S_IMODE(info.st_mode):o}): `chmod go-w` it or use another")
 
 

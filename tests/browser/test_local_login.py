@@ -8,7 +8,10 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -85,28 +88,102 @@ def test_pause_works_with_no_token_configured(local_cluster: tuple[Path, str]) -
 def test_the_one_time_login_makes_the_buttons_work(page: Page,
                                                    local_cluster: tuple[Path, str]) -> None:
     directory, url = local_cluster
+    link = login_link(directory, url)
+    page.goto(link)
+    expect(page.locator("#actions input[name=token]")).to_have_attribute("placeholder",
+                                                                          "signed in")
+    assert page.url == f"{url}/"
+    assert page.context.cookies() == []  # no cookie: every port of the host would get it
+    session = page.evaluate("window.localStorage.getItem('qcluster_session')")
+    assert session and token_not_in(session, directory)
+    assert session not in httpx.get(url, timeout=10).text  # the page anyone may read
+    page.locator('tr[data-queue="emails"] button[data-action="pause"]').click()
+    expect(page.locator("#action-done")).to_have_text("Queue emails paused.")
+    assert controls(directory, url) == [("pause", "emails", "local")]
+    page.locator('tr[data-queue="emails"] button[data-action="resume"]').first.click()
+    expect(page.locator("#action-done")).to_have_text("Queue emails resumed.")
+    page.goto(f"{url}/queues/emails")  # another page's form (its token field is required)
+    page.locator("#dead-letter button[type=submit]").click()
+    expect(page.locator("#requeued")).to_have_text("Requeued 0 dead job(s).")
+    # the link is spent; a session is for the page's forms from its own origin, never the API
+    assert httpx.get(link, timeout=10).status_code == 401
+    forged = httpx.post(f"{url}/queues/emails/pause", timeout=10,
+                        data={"token": "", "session": session},
+                        headers={"Origin": "http://127.0.0.1:1"})
+    assert forged.status_code == 401
+    assert httpx.post(f"{url}/api/v1/login", timeout=10,
+                      data={"session": session}).status_code == 401
+    assert controls(directory, url) == []
+
+
+def test_what_another_port_of_the_host_receives_authorises_nothing(
+        page: Page, local_cluster: tuple[Path, str]) -> None:
+    """Another web server on this host (another user's, on another port) that the signed-in
+    browser visits gets nothing that changes state when replayed, nor a new login."""
+    directory, url = local_cluster
+    page.goto(login_link(directory, url))
+    expect(page.locator("#actions input[name=token]")).to_have_attribute("placeholder",
+                                                                          "signed in")
+    with recording_server() as (foreign, received):
+        page.goto(f"{foreign}/")
+        expect(page.locator("body")).to_have_text("hello")
+    assert received, "the browser visited the other port"
+    for sent in received:
+        kept = {k: v for k, v in sent.items() if k.lower() not in ("host", "content-length")}
+        for origin in (None, url):
+            headers = {**kept, **({"Origin": origin} if origin else {})}
+            for path in ("/queues/emails/pause", "/queues/emails/requeue"):
+                replayed = httpx.post(f"{url}{path}", timeout=10, data={"token": ""},
+                                      headers=headers)
+                assert replayed.status_code == 401, (path, replayed.status_code)
+            assert httpx.post(f"{url}/api/v1/login", timeout=10,
+                              headers=headers).status_code == 401
+    assert controls(directory, url) == []
+    # the browser itself is still signed in
+    page.goto(url)
+    page.locator('tr[data-queue="emails"] button[data-action="pause"]').click()
+    expect(page.locator("#action-done")).to_have_text("Queue emails paused.")
+
+
+def login_link(directory: Path, url: str) -> str:
     login = run(directory, "login", "--manager", url)
     assert login.returncode == 0, login.stderr
     link = login.stdout.strip()
     assert link.startswith(f"{url}/login?code=")
-    page.goto(link)
-    assert page.url == f"{url}/"
-    cookie = next(c for c in page.context.cookies() if c["name"] == "qcluster_session")
-    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-    assert token_not_in(cookie["value"], directory)
-    page.locator('tr[data-queue="emails"] button[data-action="pause"]').click()
-    expect(page.locator("#action-done")).to_have_text("Queue emails paused.")
-    controls = json.loads(run(directory, "controls", "--manager", url, "--json").stdout)
-    assert [(c["kind"], c["name"], c["by"]) for c in controls] == [("pause", "emails", "local")]
-    page.locator('tr[data-queue="emails"] button[data-action="resume"]').first.click()
-    expect(page.locator("#action-done")).to_have_text("Queue emails resumed.")
-    # the link is spent; a cross-site form does not get the session's token
-    assert httpx.get(link, timeout=10).status_code == 401
-    forged = httpx.post(f"{url}/queues/emails/pause", timeout=10, data={"token": ""},
-                        headers={"Origin": "http://evil.example",
-                                 "Cookie": f"qcluster_session={cookie['value']}"})
-    assert forged.status_code == 401
-    assert json.loads(run(directory, "controls", "--manager", url, "--json").stdout) == []
+    return link
+
+
+def controls(directory: Path, url: str) -> list[tuple[str, str, str]]:
+    shown = json.loads(run(directory, "controls", "--manager", url, "--json").stdout)
+    return [(c["kind"], c["name"], c["by"]) for c in shown]
+
+
+@contextmanager
+def recording_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A web server on another port of 127.0.0.1 that keeps the headers of each request."""
+    received: list[dict[str, str]] = []
+
+    class Recorder(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            received.append(dict(self.headers.items()))
+            body = b"hello"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def token_not_in(value: str, directory: Path) -> bool:

@@ -1,11 +1,12 @@
 """Pure parts of the newcomer's path: the cluster identity's refusal, the one-time logins,
-the session cookie's parsing, one-line configuration errors and the local token file."""
+the session's form field, one-line configuration errors and the local token file."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from hypothesis import given
@@ -15,7 +16,7 @@ from qcluster.cluster_identity import mismatch
 from qcluster.config import load_settings
 from qcluster.errors import ConfigError
 from qcluster.local_token import ensure_local_token, read_local_token
-from qcluster.manager.login import CODE_TTL_S, SESSION_TTL_S, Logins, _cookie, _same_origin
+from qcluster.manager.login import CODE_TTL_S, SESSION_TTL_S, Logins, _same_origin, form_field
 from qcluster.messages import ClusterClaim
 
 ids = st.text(alphabet="0123456789abcdef", min_size=8, max_size=64)
@@ -68,15 +69,13 @@ def test_a_login_code_opens_one_session_once_and_expires() -> None:
     assert logins.secret(session) is None
 
 
-@given(st.text(alphabet=st.characters(blacklist_characters=";="), max_size=40),
-       st.lists(st.tuples(st.text("abcdefgh_", min_size=1, max_size=8),
-                          st.text("abcdef0123", max_size=8)), max_size=4))
-def test_the_session_cookie_is_found_among_others(value: str, others: list[tuple[str, str]]
-                                                  ) -> None:
-    value = value.strip()
-    header = "; ".join([*(f"{k}={v}" for k, v in others), f"qcluster_session={value}"])
-    first = next((v for k, v in others if k == "qcluster_session"), None)
-    assert _cookie(header, "qcluster_session") == (first if first is not None else value)
+@given(st.text(max_size=40),
+       st.lists(st.tuples(st.text("abcdefgh_", min_size=1, max_size=8), st.text(max_size=8)),
+                max_size=4))
+def test_the_session_field_is_found_among_others(value: str,
+                                                 others: list[tuple[str, str]]) -> None:
+    body = urlencode([*others, ("session", value), ("session", "a later one")]).encode()
+    assert form_field(body, "session") == (value or "a later one")  # a blank one is none
 
 
 @pytest.mark.parametrize(("origin", "same"), [
@@ -127,6 +126,31 @@ def test_the_local_token_is_written_once_for_this_user_alone(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="not this user's alone"):
         read_local_token(tmp_path / "state")
     assert read_local_token(tmp_path / "none") is None
+
+
+def test_the_local_tokens_directory_is_made_private(tmp_path: Path) -> None:
+    ensure_local_token(tmp_path / "made" / "state")
+    assert (tmp_path / "made" / "state").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_token_directory_others_may_write_in_is_refused(tmp_path: Path, mode: int) -> None:
+    # another user could swap the file there (a symlink loop: no control works any more)
+    state = tmp_path / "state"
+    ensure_local_token(state)
+    state.chmod(mode)
+    for call in (ensure_local_token, read_local_token):
+        with pytest.raises(ConfigError, match=r"local token's directory .* is writable by others"):
+            call(state)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_token_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    ensure_local_token(state)
+    os.chown(state, 65534, 65534)
+    with pytest.raises(ConfigError, match=r"local token's directory .* belongs to uid 65534"):
+        ensure_local_token(state)
 
 
 def test_a_misspelt_variable_is_named_with_the_setting_meant() -> None:
