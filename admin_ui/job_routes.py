@@ -30,6 +30,9 @@ from qcluster.security import bearer_token
 
 #: A job id as the API takes it (producers make 32 hex digits; a broker may hold others).
 MAX_ID_CHARS = 200
+#: The furthest offset a listing link may ask for (the API's bound): a bigger one is read
+#: as this, then the last page is shown.
+MAX_OFFSET = 10_000_000
 #: A payload in a listing's row is cut shorter than on the job's own page.
 ROW_PAYLOAD_CHARS = 2_000
 #: What a listing says after a button did its work: fixed texts (the count is a number).
@@ -76,7 +79,7 @@ def job_routes(router: APIRouter, source: JobSource, templates: Jinja2Templates,
             return message(request, "Unknown queue", f"No queue named {name!r}.", 404)
         if state not in STATES:
             state = "dead"
-        offset = page_offset(offset, None)
+        offset = page_offset(min(offset, MAX_OFFSET), None)  # a link's number, bounded
         try:
             page = source.job_page(name, state, offset, PAGE_SIZE)
             if not page.jobs and page.total and offset >= page.total:  # past the end

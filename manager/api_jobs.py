@@ -9,11 +9,12 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qcluster.errors import BrokerError
 from qcluster.jobs import MAX_PAGE, JobInfo, JobPage
 from qcluster.manager.api_deps import GUARDED, NamePath, ServiceDep
+from qcluster.manager.job_reads import JobReadsBusy
 from qcluster.manager.service import ManagerService
 
 router = APIRouter(tags=["jobs"])
@@ -25,22 +26,41 @@ JobIdPath = Annotated[str, Path(min_length=1, max_length=200)]
 MAX_IDS = 10_000
 
 
-class Ids(BaseModel):
-    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
-        None, max_length=MAX_IDS)
+JobIds = Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]],
+                   Field(max_length=MAX_IDS)]
+
+
+class RequeueIds(BaseModel):
+    """``{"ids": [...]}`` or ``{"all": true}``, never both: a misspelt field is refused
+    (422), so it cannot fall through to "every dead letter"."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: JobIds | None = None
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> RequeueIds:
+        if (self.ids is not None) == self.all:
+            raise ValueError('give either "ids" (a list of job ids) or "all": true')
+        return self
 
 
 class RequiredIds(BaseModel):
-    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
-        ..., max_length=MAX_IDS)
+    model_config = ConfigDict(extra="forbid")
+    ids: JobIds
 
 
-def on_broker(service: ManagerService, call: Callable[[], T]) -> T:
-    """A broker call under the service's broker lock; 503 when the broker fails, 501
-    when the backend cannot do it."""
+def on_broker(service: ManagerService, call: Callable[[], T], *, shared: bool = True) -> T:
+    """A broker call, under the service's broker lock when ``shared`` (the job reads
+    take their own: manager/job_reads.py); 503 when the broker fails, 501 when the
+    backend cannot do it, 429 when too many job reads run."""
     try:
+        if not shared:
+            return call()
         with service.broker_lock:
             return call()
+    except JobReadsBusy as exc:
+        raise HTTPException(429, str(exc), headers={"Retry-After": "1"}) from None
     except NotImplementedError as exc:
         raise HTTPException(501, str(exc)) from None
     except BrokerError as exc:
@@ -53,6 +73,7 @@ def known_queues(service: ManagerService) -> list[str]:
     view = service.cluster_view()
     names = {queue.name for queue in view.queues}
     names |= {queue.name for queue in view.undeclared_queues}
+    names |= service.job_reads.queues()
     return sorted(names | set(on_broker(service, service.broker.queues)))
 
 
@@ -60,8 +81,7 @@ def known_queues(service: ManagerService) -> list[str]:
 def job(job_id: JobIdPath, service: ServiceDep) -> JobInfo:
     """Where the job is and since when; 404 when no queue holds it (nor a record of it).
     State ``unknown`` with a note where the backend cannot tell (RabbitMQ)."""
-    queues = known_queues(service)
-    found = on_broker(service, lambda: service.broker.job(job_id, queues=queues))
+    found = on_broker(service, lambda: service.find_job(job_id), shared=False)
     if found is None:
         raise HTTPException(404, f"no job {job_id} in any queue (finished jobs are "
                                  "remembered for their queue's keep_finished_s only)")
@@ -102,15 +122,16 @@ def jobs(queue: NamePath, service: ServiceDep,
          offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
          limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> JobPage:
     """A page of the queue's jobs in ``state``; dead letters newest first."""
-    page = on_broker(service, lambda: service.broker.job_page(
-        queue, state, offset=offset, limit=limit))
+    page = on_broker(service, lambda: service.job_page(queue, state, offset, limit),
+                     shared=False)
     return page.model_copy(update={"jobs": placed(service, page.jobs)})
 
 
 @router.post("/api/v1/queues/{queue}/dead/requeue", dependencies=GUARDED)
-def requeue(queue: NamePath, service: ServiceDep, body: Ids | None = None) -> dict[str, Any]:
-    """Requeue the dead letters ``ids`` (omitted: every one): ready now, attempts reset."""
-    ids = body.ids if body is not None else None
+def requeue(queue: NamePath, service: ServiceDep, body: RequeueIds) -> dict[str, Any]:
+    """Requeue the dead letters ``ids``, or every one with ``{"all": true}``: ready now,
+    attempts reset."""
+    ids = None if body.all else body.ids
     return {"requeued": on_broker(service, lambda: service.broker.requeue_dead(queue, ids))}
 
 

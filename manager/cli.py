@@ -94,8 +94,8 @@ def manager(
         check_server_security(address, settings.token, role="manager")
         check_named_tokens(settings)
         check_port_free(address.host, address.port, "--listen")
-        announce_broker(settings, "manager")
         broker_conn = open_configured_broker(settings)
+        announce_broker(settings, "manager")  # once it opened: a refusal stays one line
         identity = claim(broker_conn)
         recorder = recorder_for(settings.manager, started_at=time.time())
         local = _local_token(settings, address.loopback)

@@ -9,7 +9,6 @@ decision log, the recorder).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -17,8 +16,6 @@ from qcluster.manager.placement import place
 from qcluster.manager.planning import QueueInput, QueuePlan, plan
 from qcluster.messages import DecisionView
 from qcluster.periodic import PeriodicSpec
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,6 @@ def next_ticks(specs: Iterable[PeriodicSpec], now: float) -> dict[str, float]:
         try:
             seconds = (spec.next_tick(now_ms) - now_ms) / 1000
         except Exception:  # a schedule that cannot say: no pre-warm (the ticker warns)
-            logger.debug("no next tick for periodic job %s", spec.name, exc_info=True)
             continue
         found[spec.queue] = min(seconds, found.get(spec.queue, seconds))
     return found

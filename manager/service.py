@@ -18,6 +18,7 @@ from qcluster.controls import UNNAMED_TOKEN, Control
 from qcluster.jobs import JobInfo, JobPage
 from qcluster.manager.broker_watch import BROKER_CHECK_INTERVAL_S
 from qcluster.manager.controls import ControlStore
+from qcluster.manager.job_reads import JobReads
 from qcluster.manager.periodic import PeriodicJobView
 from qcluster.manager.recorder import Recorder
 from qcluster.manager.reload_driver import ReloadRefused
@@ -47,6 +48,8 @@ class ManagerService(RoundLoop):
         self.queue_rows = QueueRows()
         self.learned: Any = None
         """The masters' ``@app.periodic`` declarations (manager/learned_periodic.py)."""
+        self.job_reads = JobReads(lambda: self.broker)
+        """Job lookups and pages: off ``broker_lock`` (manager/job_reads.py)."""
 
     # --- commands: the routes' and the masters' ------------------------------------
 
@@ -130,12 +133,17 @@ class ManagerService(RoundLoop):
         from qcluster.manager.api_jobs import known_queues  # the route's queues to look in
 
         queues = known_queues(self)
-        with self.broker_lock:
-            return self.broker.job(job_id, queues=queues)
+        return self.job_reads.read(lambda broker: broker.job(job_id, queues=queues))
 
     def job_page(self, queue: str, state: str, offset: int, limit: int) -> JobPage:
-        with self.broker_lock:
-            return self.broker.job_page(queue, state, offset=offset, limit=limit)
+        page = self.job_reads.read(
+            lambda broker: broker.job_page(queue, state, offset=offset, limit=limit))
+        self.job_reads.paged(queue)
+        return page
+
+    def stop(self) -> None:
+        super().stop()
+        self.job_reads.close()
 
     def requeue_dead_jobs(self, queue: str, ids: list[str]) -> int:
         with self.broker_lock:

@@ -159,8 +159,8 @@ def _prepare(settings: Settings, slots: str | None, host_name: str | None, liste
     for queue in row or ():
         application.spec(queue)
     preimport_for_slots(settings.broker_url, metrics_on)
-    announce_broker(settings, "master")
     claim = check_broker(settings)
+    announce_broker(settings, "master")  # once it answered: a refusal stays one line
     # A reload's template imports the app as here, re-reading the same configuration.
     spec = TemplateSpec(app=settings.app, config=str(config) if config else None,
                         broker_url=settings.broker_url, state_dir=str(settings.state_dir),

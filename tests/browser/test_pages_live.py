@@ -116,7 +116,7 @@ def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
     # Dead-letter a few jobs first, through real slots.
     with Client(cluster.broker_url) as producer:
         producer.enqueue_many(queue, [{"bad": n} for n in (1, 2, 3)])
-    wait_until(lambda: cluster.broker.stats(queue).dead == 3, timeout_s=30,
+    wait_until(lambda: cluster.broker.stats(queue).dead == 3, timeout_s=60,
                message=f"3 dead jobs\n{cluster.logs()}")
 
     # The queue table and the slot map: both hosts, the queue with its policy.
@@ -127,7 +127,7 @@ def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
         host_row = page.locator(f'tr[data-host="{host}"]')
         assert host_row.count() == 1
         assert "DEAD" not in host_row.inner_text()
-    wait_until(lambda: row.locator("td.dead").inner_text() == "3", timeout_s=15,
+    wait_until(lambda: row.locator("td.dead").inner_text() == "3", timeout_s=60,
                message="dead count on the page after refresh")
 
     # Flood: the manager wants more slots than the two hosts can give -> red row, decision.
@@ -135,16 +135,16 @@ def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
     # run 2 slots even when they start slowly (with 4,000 it went back to 2 within 5 s).
     with Client(cluster.broker_url) as producer:
         producer.enqueue_many(queue, [{"n": n} for n in range(20_000)])
-    wait_until(lambda: "resizing" in (row.get_attribute("class") or ""), timeout_s=30,
+    wait_until(lambda: "resizing" in (row.get_attribute("class") or ""), timeout_s=60,
                message=f"red (resizing) row after the flood\n{cluster.logs()}")
     color = row.locator("td").first.evaluate("cell => getComputedStyle(cell).backgroundColor")
     assert color == "rgb(253, 236, 234)"
     decisions = page.locator("#decisions")
     wait_until(lambda: queue in decisions.inner_text() and "→ 4" in decisions.inner_text(),
-               timeout_s=30, message=f"a decision to 4 slots\n{decisions.inner_text()}")
+               timeout_s=60, message=f"a decision to 4 slots\n{decisions.inner_text()}")
     wait_until(lambda: all(page.locator(f'tr[data-host="{h}"]').inner_text().count("2 / 2")
                            for h in HOSTS),
-               timeout_s=30, message="2 planned / 2 running on each host")
+               timeout_s=60, message="2 planned / 2 running on each host")
     screenshot(page, "live-overview-flooded")
     cluster.broker.purge(queue)  # the flood's rest (dead jobs are kept): requeue comes next
 
@@ -165,7 +165,7 @@ def test_real_manager_and_masters(page: Page, cluster: Cluster) -> None:
     page.click("form.requeue button")
     assert "Requeued 3 dead job" in page.locator("#requeued").inner_text()
     # The requeued jobs run again in real slots and are dead-lettered again.
-    wait_until(lambda: page.locator("#dead-count").inner_text() == "3", timeout_s=30,
+    wait_until(lambda: page.locator("#dead-count").inner_text() == "3", timeout_s=60,
                message="the requeued jobs dead again, shown by the refreshing page")
     screenshot(page, "live-queue-requeued")
 

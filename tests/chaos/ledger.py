@@ -389,7 +389,9 @@ def residue(broker: Any, queues: Iterable[str], *,
     sees this process's deliveries: stop the slots first, their unacked jobs come back as
     ready). ``dead``: dead letters whose ledger id is not in ``allowed_dead``. ``keys``
     (Redis): job bodies, attempt counts and reasons kept for jobs that are neither
-    ready, locked, delayed nor dead, and keys of the queue that the broker does not know.
+    ready, locked, delayed nor dead, and keys of the queue that the broker does not know
+    (finished-job records, kept for ``keep_finished_s`` and expiring by themselves, are
+    not residue).
     """
     allowed = set(allowed_dead)
     totals = {"ready": 0, "locked": 0, "delayed": 0, "dead": 0, "keys": 0}
@@ -419,6 +421,8 @@ def _redis_leftovers(client: Any, queue: str) -> int:
                         if job_id not in live and job_id not in dead)
     leftover += sum(1 for job_id in client.hkeys(keys["reasons"]) if job_id not in dead)
     known = {key.encode() for key in keys.values()}
+    # Finished-job records (keep_finished_s) are kept on purpose and expire by themselves.
+    finished = f"{keys['finished']}:".encode()
     leftover += sum(1 for key in client.scan_iter(match=f"qc:{{{queue}}}:*", count=1000)
-                    if key not in known)
+                    if key not in known and not key.startswith(finished))
     return leftover

@@ -1085,7 +1085,7 @@ def open_redis(tmp_path: Path) -> Iterator[str]:
         [redis_server_binary(), "--bind", address, "--port", str(port), "--save", "",
          "--appendonly", "no", "--protected-mode", "no", "--dir", str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: port in {int(p) for p in _ports_listening()}, timeout_s=30,
+    wait_until(lambda: port in {int(p) for p in _ports_listening()}, timeout_s=60,
                message="open redis-server up")
     yield f"redis://{address}:{port}/0"
     proc.terminate()

@@ -39,7 +39,7 @@ def make_runner(app: App, queue: str, url: str) -> SlotRunner:
 
 
 def settled(client: Client, queue: str) -> None:
-    wait_until(lambda: client.stats(queue)["locked"] == 0, timeout_s=10, message="settled")
+    wait_until(lambda: client.stats(queue)["locked"] == 0, timeout_s=60, message="settled")
 
 
 def test_async_batch_handler_retry_fail_and_done(broker_url: str, queue_name: str) -> None:
@@ -245,7 +245,7 @@ def test_on_error_lock_leaves_a_cancelled_job_locked_as_a_killed_sync_slot_would
     with ThreadPoolExecutor(1) as pool:
         pool.submit(runner.step).result()
     assert client.stats(queue_name)["locked"] == 1
-    wait_until(lambda: client.stats(queue_name)["ready"] == 1, timeout_s=10,
+    wait_until(lambda: client.stats(queue_name)["ready"] == 1, timeout_s=60,
                message="lock expiry")
     client.purge(queue_name)
 

@@ -149,7 +149,7 @@ def test_a_poison_job_that_kills_its_slot_does_not_take_its_batch_mates_with_it(
         )
         proc.wait(timeout=60)
         # Then wait for the crashed slot's locks to expire before the next slot starts
-        wait_until(lambda: settled() or client.stats(queue_name)["ready"] > 0, timeout_s=30,
+        wait_until(lambda: settled() or client.stats(queue_name)["ready"] > 0, timeout_s=60,
                    message="jobs ready again after the slot died")
     # Then only the poison job is dead-lettered; its batch-mates ran and were acked
     dead = client.dead_jobs(queue_name)
@@ -232,7 +232,7 @@ def test_retry_with_nan_is_an_error_outcome_and_the_batch_still_settles(
     runner._flush()
     wait_until(lambda: client.stats(queue_name) == {"ready": 0, "locked": 0, "delayed": 0,
                                                       "dead": 1},
-               timeout_s=10, message="ok jobs acked, the nan one dead-lettered")
+               timeout_s=60, message="ok jobs acked, the nan one dead-lettered")
 
 
 # --- defect 13: handlers that return something ---------------------------------------
@@ -351,7 +351,7 @@ def private_redis(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[st
         except redis.ConnectionError:
             return False
 
-    wait_until(answers, timeout_s=10, message="private redis-server up")
+    wait_until(answers, timeout_s=60, message="private redis-server up")
     client.close()
     yield url
     proc.terminate()
@@ -448,12 +448,18 @@ def test_cli_dead_limit_zero_shows_no_job(private_redis: str) -> None:
     assert "reason-marker" in qcluster("dead", "q", "--broker", private_redis).stdout
 
 
-def test_cli_warns_when_no_app_queue_has_the_name(private_redis: str, tmp_path: Path) -> None:
+def test_cli_refuses_a_queue_no_app_declares_unless_forced(
+    private_redis: str, tmp_path: Path
+) -> None:
     (tmp_path / "qcluster.toml").write_text('app = "tests.apps.slot_apps"\n')
-    result = qcluster("enqueue", "nobody-serves-this", "1", "--broker", private_redis,
-                      "--config", str(tmp_path / "qcluster.toml"))
-    assert result.returncode == 0, result.stderr
-    assert "no queue of the app is named 'nobody-serves-this'" in result.stderr
+    args = ("enqueue", "nobody-serves-this", "1", "--broker", private_redis,
+            "--config", str(tmp_path / "qcluster.toml"))
+    refused = qcluster(*args)
+    assert refused.returncode == 2, refused.stderr
+    assert "no queue of the app is named 'nobody-serves-this'" in refused.stderr
+    forced = qcluster(*args, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stderr.count("no queue of the app is named 'nobody-serves-this'") == 1
 
 
 def test_client_honours_the_queue_policy_max_message_bytes(

@@ -69,7 +69,7 @@ def test_lookup_listing_and_per_job_actions(api: TestClient, broker_url: str,
     requeued = api.post(f"/api/v1/queues/{queue_name}/dead/requeue", json={"ids": ["a2"]},
                         headers=AUTH)
     assert requeued.json() == {"requeued": 1}
-    assert api.post(f"/api/v1/queues/{queue_name}/dead/requeue",
+    assert api.post(f"/api/v1/queues/{queue_name}/dead/requeue", json={"all": True},
                     headers=AUTH).json() == {"requeued": 1}
     assert api.get(f"/api/v1/queues/{queue_name}/jobs",
                    params={"state": "dead"}).json()["total"] == 0
@@ -87,3 +87,18 @@ def test_unknown_ids_and_bad_requests(api: TestClient, broker_url: str) -> None:
     assert api.get("/api/v1/queues/q/jobs",
                    params={"state": "dead", "limit": 501}).status_code == 422
     assert api.post("/api/v1/queues/q/dead/delete", json={}, headers=AUTH).status_code == 422
+
+
+@pytest.mark.parametrize("sent", [{"id": ["b1"]}, None, {}, {"all": False},
+                                  {"ids": ["b1"], "all": True}, {"ids": ["b1"], "x": 1}])
+def test_requeue_all_needs_all_true(api: TestClient, broker_url: str, queue_name: str,
+                                    sent: object) -> None:
+    """A misspelt field, a null body or an empty one is refused (422), never read as
+    "requeue every dead letter"."""
+    dead_letters(broker_url, queue_name, ["b1", "b2"])
+    refused = api.post(f"/api/v1/queues/{queue_name}/dead/requeue", json=sent, headers=AUTH)
+    assert refused.status_code == 422, refused.text
+    page = api.get(f"/api/v1/queues/{queue_name}/jobs", params={"state": "dead"}).json()
+    assert page["total"] == 2
+    assert api.post(f"/api/v1/queues/{queue_name}/dead/delete",
+                    json={"ids": ["b1"], "all": True}, headers=AUTH).status_code == 422

@@ -77,7 +77,7 @@ def test_released_and_left_read_ahead_jobs_come_back_with_no_attempt_charged(
     first = slot.settle_and_take(queue_name, Settlement(), max_jobs=2, lock_timeout_s=30,
                                  wait_s=5, read_ahead=True)
     assert len(first) == 2
-    wait_until(lambda: other.stats(queue_name).ready <= 6, timeout_s=10,
+    wait_until(lambda: other.stats(queue_name).ready <= 6, timeout_s=60,
                message="the next batch read ahead")
     slot.release(queue_name, first)  # taken, never started
     slot.leave(queue_name)  # the read-ahead batch, never handed out
@@ -120,7 +120,7 @@ def test_taking_from_another_queue_gives_back_the_first_queues_read_ahead(
         slot.publish_many(queue_name, [(f"a{i}", b"{}") for i in range(20)])
         done = slot.settle_and_take(queue_name, Settlement(), max_jobs=5, lock_timeout_s=30,
                                     wait_s=5, read_ahead=True)
-        wait_until(lambda: other.stats(queue_name).ready <= 10, timeout_s=10,
+        wait_until(lambda: other.stats(queue_name).ready <= 10, timeout_s=60,
                    message="the next batch read ahead")
         slot.ack(queue_name, done)
         # The slot was moved to another queue (and did not say it left the first).
@@ -296,7 +296,7 @@ def test_a_slot_process_behind_a_blackholed_link_recovers_and_loses_no_job(
         )
         try:
             client.enqueue(queue_name, {"n": 0})
-            wait_until(lambda: executed(tmp_path)[0] == 1, timeout_s=30,
+            wait_until(lambda: executed(tmp_path)[0] == 1, timeout_s=60,
                        message="the slot running a first job")
             proxy.blackhole()
             # RabbitMQ still sees the slot's consumer and sends it these, into the void.

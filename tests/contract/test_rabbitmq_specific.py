@@ -108,7 +108,7 @@ def test_only_a_fast_handler_gets_its_next_batch_ahead_and_a_dying_slot_loses_no
             return  # fast: the next take reads ahead (counting would make it slow)
         if step == 4:
             wait_until(lambda: client.stats(queue_name)["ready"] <= 400 - 5 * 40,
-                       timeout_s=5, message="the next batch delivered ahead")
+                       timeout_s=60, message="the next batch delivered ahead")
         ready_during.append(client.stats(queue_name)["ready"])
         time.sleep(0.05)  # slow: a slow handler's slot never reads ahead
 
@@ -121,6 +121,6 @@ def test_only_a_fast_handler_gets_its_next_batch_ahead_and_a_dying_slot_loses_no
     assert ready_during[:2] == [360, 320] and 160 <= ready_during[2] <= 200
     assert len(set(handled)) == 160
     runner.broker.close()  # the slot dies holding the batch it read ahead
-    wait_until(lambda: client.stats(queue_name)["ready"] == 240, timeout_s=10,
+    wait_until(lambda: client.stats(queue_name)["ready"] == 240, timeout_s=60,
                message="the read-ahead batch back in the queue")
     client.close()

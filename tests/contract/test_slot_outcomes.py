@@ -74,7 +74,7 @@ def test_per_job_outcomes_retry_fail_and_done(broker_url: str, queue_name: str) 
     client.enqueue_many(queue_name, ["ok", "retry", "fail"])
     runner = make_runner(app, queue_name, broker_url)
     run_until(runner, lambda: "retry:2" in seen)
-    wait_until(lambda: client.stats(queue_name)["locked"] == 0, timeout_s=5, message="settled")
+    wait_until(lambda: client.stats(queue_name)["locked"] == 0, timeout_s=60, message="settled")
     assert sorted(seen) == ["fail:1", "ok:1", "retry:1", "retry:2"]
     assert client.stats(queue_name) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 1}
     assert client.dead_jobs(queue_name)[0].reason == "not today"
@@ -95,7 +95,7 @@ def test_on_error_lock_leaves_jobs_locked_until_the_lock_expires(
     runner = make_runner(app, queue_name, redis_url)
     runner.step()
     assert client.stats(queue_name)["locked"] == 1
-    wait_until(lambda: client.stats(queue_name)["ready"] == 1, timeout_s=3, message="lock expiry")
+    wait_until(lambda: client.stats(queue_name)["ready"] == 1, timeout_s=60, message="lock expiry")
     client.purge(queue_name)
 
 
@@ -168,5 +168,5 @@ def test_small_batches_of_a_fast_handler_are_prefetched_but_run_batch_size_at_a_
     assert sorted(n for batch in batches for n in batch) == list(range(40))
     assert all(len(batch) <= 2 for batch in batches), "a handler got more than batch_size"
     assert takes < 20, f"{takes} takes for 40 jobs: several batches must come per take"
-    wait_until(lambda: client.stats(queue_name)["locked"] == 0, timeout_s=5, message="settled")
+    wait_until(lambda: client.stats(queue_name)["locked"] == 0, timeout_s=60, message="settled")
     assert client.stats(queue_name) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 0}

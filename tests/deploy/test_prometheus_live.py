@@ -33,7 +33,7 @@ def cluster(tmp_path: Path, redis_url: str) -> Iterator[Cluster]:
     try:
         running.start_manager()
         running.start_master("a")
-        wait_until(lambda: running.view()["hosts"], timeout_s=20, message="master reporting")
+        wait_until(lambda: running.view()["hosts"], timeout_s=60, message="master reporting")
         yield running
     finally:
         procs.stop_all()
@@ -62,7 +62,7 @@ def prometheus(tmp_path: Path, cluster: Cluster) -> Iterator[int]:
         [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: _get(port, "/-/ready") is not None, timeout_s=30,
+        wait_until(lambda: _get(port, "/-/ready") is not None, timeout_s=60,
                    message="prometheus ready")
         yield port
     finally:
@@ -91,12 +91,12 @@ def test_prometheus_scrapes_master_and_manager(prometheus: int, cluster: Cluster
     work = cluster.q("work")
     with Client(cluster.broker_url) as client:
         client.enqueue_many(work, [{"n": n} for n in range(3000)])
-        wait_until(lambda: len(executed(cluster.logs)) > 0, timeout_s=30, message="jobs ran")
+        wait_until(lambda: len(executed(cluster.logs)) > 0, timeout_s=60, message="jobs ran")
     wait_until(lambda: query(prometheus, f'qcluster_queue_backlog{{queue="{work}"}}'),
-               timeout_s=30, message="backlog series from the manager")
+               timeout_s=60, message="backlog series from the manager")
     wait_until(lambda: query(prometheus,
                              f'qcluster_jobs_total{{queue="{work}",outcome="done"}}'),
-               timeout_s=30, message="jobs counter from the master's slots")
+               timeout_s=60, message="jobs counter from the master's slots")
     series = query(prometheus, f'qcluster_jobs_total{{queue="{work}"}}')
     assert {"queue", "outcome", "job", "instance"} <= set(series[0]["metric"])
     up = query(prometheus, "up")
@@ -107,7 +107,7 @@ def test_prometheus_scrapes_master_and_manager(prometheus: int, cluster: Cluster
 def test_documented_metric_names_are_really_exported(cluster: Cluster) -> None:
     with Client(cluster.broker_url) as client:
         client.enqueue_many(cluster.q("work"), [{"n": n} for n in range(100)])
-        wait_until(lambda: len(executed(cluster.logs)) == 100, timeout_s=30)
+        wait_until(lambda: len(executed(cluster.logs)) == 100, timeout_s=60)
     text = get_text(cluster.master_ports["a"], "/metrics") + get_text(cluster.port, "/metrics")
     exported = set()
     for family in text_string_to_metric_families(text):

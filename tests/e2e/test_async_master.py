@@ -49,7 +49,7 @@ def test_async_slots_run_every_job_once_concurrently_and_survive_a_hung_batch(
     procs.start("master", "master", "--app", APP, "--broker", broker_url, "--slots",
                 f"{prefix}-each=2,{prefix}-hang=1", "--listen", f"127.0.0.1:{port}",
                 "--host-name", "test", "--no-metrics")
-    wait_until(lambda: _slots_up(port), timeout_s=30, message="master slots up")
+    wait_until(lambda: _slots_up(port), timeout_s=60, message="master slots up")
     logs = Path(procs.env["QC_TEST_LOG_DIR"])
     each, hang = f"{prefix}-each", f"{prefix}-hang"
     with Client(broker_url) as client:
@@ -59,7 +59,7 @@ def test_async_slots_run_every_job_once_concurrently_and_survive_a_hung_batch(
         wait_until(lambda: set(executed(logs)) == expected, timeout_s=90,
                    message="every job done")
         for queue in (each, hang):
-            wait_until(lambda: client.stats(queue)["locked"] == 0, timeout_s=20,  # noqa: B023
+            wait_until(lambda: client.stats(queue)["locked"] == 0, timeout_s=60,  # noqa: B023
                        message=f"{queue} settled")
             assert client.stats(queue) == {"ready": 0, "locked": 0, "delayed": 0, "dead": 0}
         counts = executed(logs)
@@ -85,7 +85,7 @@ def test_sigterm_during_an_async_batch_lets_it_finish_and_settle(
                               "--log-level", "WARNING", QC_TEST_PREFIX=prefix,
                               QC_TEST_LOG_DIR=str(logs))
         try:
-            wait_until(lambda: len(_numbers(logs, "started")) == 10, timeout_s=30,
+            wait_until(lambda: len(_numbers(logs, "started")) == 10, timeout_s=60,
                        message="the batch of 10 started")
             os.killpg(proc.pid, signal.SIGTERM)  # every job awaits the gate: mid-batch
             (logs / "gate").touch()

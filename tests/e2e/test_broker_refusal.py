@@ -64,7 +64,7 @@ def test_under_a_master_the_queue_is_marked_fatal_with_the_reason(
         log = procs.log("master")
         assert f"queue {queue} is fatal on this host: the broker refused it: " in log
         wait_until(lambda: all(s["queue"] != queue for s in get_json(port, "/api/v1/slots")),
-                   timeout_s=30, message="no slot of the queue left")
+                   timeout_s=60, message="no slot of the queue left")
         assert log.count("cannot serve") <= 2, log  # one line per slot, each once
     finally:
         procs.stop_all()

@@ -74,7 +74,7 @@ def start_master(procs: Procs, broker_url: str, slots: str) -> int:
     port = free_port()
     procs.start("master", "master", "--app", APP, "--broker", broker_url, "--slots", slots,
                 "--listen", f"127.0.0.1:{port}", "--host-name", "test")
-    wait_until(lambda: _answers(port), timeout_s=20, message="master up")
+    wait_until(lambda: _answers(port), timeout_s=60, message="master up")
     return port
 
 

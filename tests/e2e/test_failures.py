@@ -39,7 +39,7 @@ def test_failures_reach_the_masters_log_the_hook_and_the_metrics(
     master = procs.start("master", "master", "--app", APP, "--broker", broker_url,
                          "--slots", f"{flaky}=1,{poison}=1", "--listen", f"127.0.0.1:{port}",
                          "--host-name", "test")
-    wait_until(lambda: _answers(port), timeout_s=30, message="master up")
+    wait_until(lambda: _answers(port), timeout_s=60, message="master up")
     with Client(broker_url) as client:
         flaky_ids = client.enqueue_many(flaky, ["a", "b"])
         poison_ids = client.enqueue_many(poison, list(range(POISON_JOBS)))
@@ -60,7 +60,7 @@ def test_failures_reach_the_masters_log_the_hook_and_the_metrics(
 
     # The slot's lines are in the master's log, each with its traceback: per queue the
     # first three of a kind in full, the others summarised once their 10 s window ended.
-    wait_until(lambda: procs.log("master").count("more like it in") >= 2, timeout_s=30,
+    wait_until(lambda: procs.log("master").count("more like it in") >= 2, timeout_s=60,
                message="both queues' summaries in the master's log")
     log = procs.log("master")
     for queue, error, attempts, failures in (

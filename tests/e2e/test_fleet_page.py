@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page
 
-from tests.browser.conftest import browser, page, screenshot  # noqa: F401  (fixtures)
+from tests.browser.chromium import screenshot
 from tests.browser.fleet_app import queue_names
 from tests.conftest import free_port, wait_until
 from tests.e2e.cluster import Procs, try_json
@@ -42,7 +42,7 @@ def _cells(host: dict[str, Any]) -> dict[str, tuple[int, int]]:
 
 
 def test_every_master_gets_its_row_and_the_page_renders_the_whole_map(
-        page: Page, procs: Procs, prefix: str, redis_url: str, tmp_path: Path) -> None:  # noqa: F811
+        page: Page, procs: Procs, prefix: str, redis_url: str, tmp_path: Path) -> None:
     config = tmp_path / "qcluster.toml"
     config.write_text(f'token = "{TOKEN}"\nstate_dir = "{tmp_path / "state"}"\n'
                       "[master]\nmax_slots = 2\nreport_interval_s = 0.5\n"

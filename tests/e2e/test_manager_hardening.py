@@ -82,7 +82,7 @@ def test_listen_port_alone_binds_loopback_with_the_host_check(
     port = free_port()
     procs.env["QCLUSTER_TOKEN"] = TOKEN
     procs.start("manager", "manager", "--broker", redis_url, "--listen", str(port))
-    wait_until(lambda: try_json(port, "/healthz"), timeout_s=20, message="manager up")
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
     base = f"http://127.0.0.1:{port}"
     assert httpx.get(base + "/api/v1/cluster", headers={"Host": "evil.example"}).status_code == 400
     assert httpx.get(base + "/api/v1/cluster", headers={"Host": f"[::1]:{port}"}).status_code == 200
@@ -95,14 +95,14 @@ def test_a_master_without_the_token_is_not_heard(procs: Procs, redis_url: str) -
     procs.env["QCLUSTER_TOKEN"] = TOKEN
     procs.start("manager", "manager", "--broker", redis_url, "--listen", f"127.0.0.1:{port}",
                 "--interval", "0.5")
-    wait_until(lambda: try_json(port, "/healthz"), timeout_s=20, message="manager up")
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
     prefix = procs.env["QC_TEST_PREFIX"]
     master_port = free_port()
     procs.env.pop("QCLUSTER_TOKEN")
     procs.start("master-anon", "master", "--app", APP, "--broker", redis_url,
                 "--manager", f"http://127.0.0.1:{port}", "--host-name", "anon",
                 "--listen", f"127.0.0.1:{master_port}")
-    wait_until(lambda: "token" in procs.log("master-anon"), timeout_s=30,
+    wait_until(lambda: "token" in procs.log("master-anon"), timeout_s=60,
                message="the master says the manager wants its token")
     assert "anon" not in {h["name"] for h in try_json(port, "/api/v1/cluster")["hosts"]}
     master = httpx.get(f"http://127.0.0.1:{master_port}/healthz")

@@ -37,7 +37,7 @@ def test_sigterm_stops_the_manager_while_a_client_trickles_a_body(
     """Fails on the code before: uvicorn waited for the open request without end."""
     port = free_port()
     manager = procs.start("manager", "manager", "--broker", redis_url, "--listen", str(port))
-    wait_until(lambda: try_json(port, "/healthz"), timeout_s=20, message="manager up")
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
     done = threading.Event()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(b"POST /api/v1/reports HTTP/1.1\r\nHost: 127.0.0.1\r\n"

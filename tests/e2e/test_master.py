@@ -38,7 +38,7 @@ def start_master(procs: Procs, broker_url: str, slots: str, *extra: str) -> int:
     port = free_port()
     procs.start("master", "master", "--app", APP, "--broker", broker_url, "--slots", slots,
                 "--listen", f"127.0.0.1:{port}", "--host-name", "test", *extra)
-    wait_until(lambda: _slots_up(port), timeout_s=20, message="master slots up")
+    wait_until(lambda: _slots_up(port), timeout_s=60, message="master slots up")
     return port
 
 
@@ -69,8 +69,8 @@ def test_slots_per_queue_process_jobs(procs: Procs, broker_url: str, prefix: str
     logs = Path(procs.env["QC_TEST_LOG_DIR"])
     with Client(broker_url) as client:
         client.enqueue_many(f"{prefix}-work", [{"n": n} for n in range(300)])
-        wait_until(lambda: len(executed(logs)) == 300, timeout_s=30, message="300 jobs done")
-        wait_until(lambda: client.stats(f"{prefix}-work")["locked"] == 0, timeout_s=10)
+        wait_until(lambda: len(executed(logs)) == 300, timeout_s=60, message="300 jobs done")
+        wait_until(lambda: client.stats(f"{prefix}-work")["locked"] == 0, timeout_s=60)
         assert client.stats(f"{prefix}-work") == {"ready": 0, "locked": 0, "delayed": 0, "dead": 0}
         client.purge(f"{prefix}-work")
 
@@ -103,8 +103,8 @@ def test_hung_slot_is_killed_and_its_job_done_later(
     logs = Path(procs.env["QC_TEST_LOG_DIR"])
     with Client(broker_url) as client:
         client.enqueue(f"{prefix}-hang", {"n": 7})
-        wait_until(lambda: restarts(port, "hung") >= 1, timeout_s=20, message="hung kill")
-        wait_until(lambda: executed(logs)[7] == 1, timeout_s=30, message="job 7 done later")
+        wait_until(lambda: restarts(port, "hung") >= 1, timeout_s=60, message="hung kill")
+        wait_until(lambda: executed(logs)[7] == 1, timeout_s=60, message="job 7 done later")
         assert client.stats(f"{prefix}-hang")["locked"] == 0
 
 
@@ -115,10 +115,10 @@ def test_killed_slot_restarts_and_nothing_is_lost(
     logs = Path(procs.env["QC_TEST_LOG_DIR"])
     with Client(broker_url) as client:
         client.enqueue_many(f"{prefix}-work", [{"n": n} for n in range(2000)])
-        wait_until(lambda: len(executed(logs)) > 100, timeout_s=20)
+        wait_until(lambda: len(executed(logs)) > 100, timeout_s=60)
         victim = get_json(port, "/api/v1/slots")[0]["pid"]
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: restarts(port, "crash") >= 1, timeout_s=10, message="crash counted")
+        wait_until(lambda: restarts(port, "crash") >= 1, timeout_s=60, message="crash counted")
         wait_until(lambda: len(executed(logs)) == 2000, timeout_s=60, message="all 2000 done")
         assert victim not in {s["pid"] for s in get_json(port, "/api/v1/slots")}
         client.purge(f"{prefix}-work")
@@ -130,7 +130,7 @@ def test_no_slot_survives_a_killed_master(procs: Procs, redis_url: str, prefix: 
     master = procs.started[0]
     os.kill(master.pid, signal.SIGKILL)
     master.wait()
-    wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout_s=10,
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout_s=60,
                message="every slot gone with its master")
 
 
@@ -140,7 +140,7 @@ def test_slots_share_the_imported_memory(
     procs.env["QC_TEST_BALLAST_MB"] = "200"
     port = start_master(procs, redis_url, f"{prefix}-work=4")
     wait_until(lambda: all(s["pss_bytes"] for s in get_json(port, "/api/v1/slots")),
-               timeout_s=10, message="slot PSS measured")
+               timeout_s=60, message="slot PSS measured")
     host = get_json(port, "/api/v1/host")
     mib = 1 << 20
     # Without copy-on-write, 4 slots + the master would need 5 x 200 MiB.

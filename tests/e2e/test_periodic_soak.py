@@ -57,7 +57,7 @@ class Soak:
         self.managers[name] = self.procs.start(
             name, "manager", "--config", str(self.config), "--broker", self.broker_url,
             "--listen", f"127.0.0.1:{port}")
-        wait_until(lambda: try_json(port, "/healthz"), timeout_s=30,
+        wait_until(lambda: try_json(port, "/healthz"), timeout_s=60,
                    message=f"manager {name} up")
 
     def kill_manager(self, name: str) -> None:

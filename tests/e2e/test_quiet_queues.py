@@ -77,16 +77,16 @@ def test_quiet_queues_make_at_most_two_plan_moves_each_after_the_first_minute(
     try:
         procs.start("manager", "manager", "--config", str(config), "--broker", redis_url,
                     "--listen", f"127.0.0.1:{port}")
-        wait_until(lambda: try_json(port, "/healthz"), timeout_s=30, message="manager up")
+        wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
         procs.start("master", "master", "--app", APP, "--config", str(config), "--broker",
                     redis_url, "--manager", f"http://127.0.0.1:{port}", "--host-name", "a",
                     "--listen", f"127.0.0.1:{free_port()}")
         wait_until(lambda: any(h["alive"] for h in get_json(port, "/api/v1/cluster")["hosts"]),
-                   timeout_s=30, message="the master reporting")
+                   timeout_s=60, message="the master reporting")
         with Client(redis_url) as client:
             began = time.time()
             sent = feed(client, prefix, seed=27)
-            wait_until(lambda: len(starts(logs)) == sent, timeout_s=30,
+            wait_until(lambda: len(starts(logs)) == sent, timeout_s=60,
                        message="every job started")
         moves = decisions(port, prefix)
     finally:

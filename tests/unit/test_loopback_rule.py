@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from qcluster.master.http import serve
 from qcluster.master.snapshot import Snapshot
-from qcluster.security import ListenAddress, host_header_is_loopback, is_loopback, parse_listen
+from qcluster.security import (
+    ListenAddress,
+    host_header_is_loopback,
+    inet_aton_value,
+    is_loopback,
+    parse_listen,
+)
 
 TOKEN = "a-token-that-is-long-enough-0123456789"
 
@@ -25,6 +31,26 @@ def _spellings(address: int) -> list[str]:
     return [f"{a}.{b}.{c}.{d}", f"{a}.{address & 0xFFFFFF}", f"{a}.{b}.{address & 0xFFFF}",
             str(address), hex(address), f"0{address:o}", f"{a:#x}.{b}.{c}.{d}",
             f"0{a:o}.{b}.{c}.{d}", f"::ffff:{a}.{b}.{c}.{d}", f"[::ffff:{a}.{b}.{c}.{d}]"]
+
+
+def _system_inet_aton(text: str) -> int | None:
+    try:
+        return int.from_bytes(socket.inet_aton(text), "big")
+    except OSError:
+        return None
+
+
+#: Characters inet_aton's spellings are made of, and a few it must refuse.
+INET_TEXT = st.text(alphabet="0123456789abcdefx.X_+- ", max_size=24)
+
+
+@given(st.one_of(INET_TEXT, st.integers(0, 2**32 - 1).map(hex),
+                 st.integers(0, 2**32 - 1).map(lambda n: f"0{n:o}")))
+def test_the_written_out_inet_aton_reads_what_the_system_reads(text: str) -> None:
+    """security.inet_aton_value (pure: the module does no I/O) against the real one, on
+    every text the loopback rule may meet (it only passes names of these characters)."""
+    if set(text) <= set("0123456789abcdefx."):
+        assert inet_aton_value(text) == _system_inet_aton(text), text
 
 
 @given(st.one_of(st.integers(127 << 24, (128 << 24) - 1), st.integers(0, 2**32 - 1)))

@@ -43,7 +43,7 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def answer(handle: TemplateHandle) -> Ready | Failed:
     try:
-        wait_until(lambda: handle.poll() is not None, timeout_s=30, message="an answer")
+        wait_until(lambda: handle.poll() is not None, timeout_s=60, message="an answer")
         result = handle.poll()
         assert result is not None
         return result
@@ -140,7 +140,7 @@ def test_a_slot_forked_through_the_template_is_the_masters_child_and_dies_with_i
         assert Path(f"/proc/{slot}/comm").read_text() == "qc-slot\n"
         master.send_signal(signal.SIGKILL)
         master.wait()
-        wait_until(lambda: not alive(slot) and not alive(template), timeout_s=10,
+        wait_until(lambda: not alive(slot) and not alive(template), timeout_s=60,
                    message="slot and template gone with the master")
     finally:
         if master.poll() is None:
@@ -155,7 +155,7 @@ def test_the_spec_is_not_on_the_command_line(app_dir: Path, tmp_path: Path) -> N
     handle = TemplateHandle(spec(tmp_path, broker_url="redis://:s3cret@127.0.0.1:1/0"))
     try:
         path = Path(f"/proc/{handle.pid}/cmdline")
-        wait_until(lambda: b"qcluster" in path.read_bytes(), timeout_s=10, message="exec")
+        wait_until(lambda: b"qcluster" in path.read_bytes(), timeout_s=60, message="exec")
         cmdline = path.read_bytes()
         assert b"s3cret" not in cmdline and b"qcluster.master.template" in cmdline
     finally:

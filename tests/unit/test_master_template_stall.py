@@ -37,7 +37,7 @@ def test_a_stopped_template_still_lets_the_loop_tend_its_deadlines(
         return calls[-1] + 0.1
 
     try:
-        wait_until(lambda: isinstance(handle.poll(), Ready), timeout_s=30, message="ready")
+        wait_until(lambda: isinstance(handle.poll(), Ready), timeout_s=60, message="ready")
         os.kill(handle.pid, signal.SIGSTOP)
         a, b = socket.socketpair()
         with a, b:
