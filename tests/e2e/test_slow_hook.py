@@ -31,11 +31,11 @@ def test_a_hook_slower_than_the_heartbeat_timeout_changes_no_outcome(
     port = free_port()
     procs.start("master", "master", "--app", APP, "--broker", broker_url,
                 "--slots", f"{queue}=1", "--listen", f"127.0.0.1:{port}")
-    wait_until(lambda: _slot_pids(port), timeout_s=30, message="master and slot up")
+    wait_until(lambda: _slot_pids(port), timeout_s=60, message="master and slot up")
     with Client(broker_url) as client:
         job_id = client.enqueue(queue, "x")
         # The hook waits for the release file: the job is settled all the same.
-        wait_until(lambda: client.stats(queue)["dead"] == 1, timeout_s=30,
+        wait_until(lambda: client.stats(queue)["dead"] == 1, timeout_s=60,
                    message="the job dead-lettered while its hook still waits")
         (dead,) = client.dead_jobs(queue)
         assert dead.id == job_id and dead.reason.startswith(
@@ -50,7 +50,7 @@ def test_a_hook_slower_than_the_heartbeat_timeout_changes_no_outcome(
         assert _slot_pids(port) == pids, "the slot was restarted"
         assert not hook_log.exists(), "the hook gave up before the test released it"
         (logs / "release").touch()
-        wait_until(hook_log.exists, timeout_s=30, message="the hook returned")
+        wait_until(hook_log.exists, timeout_s=60, message="the hook returned")
     [record] = [json.loads(line) for line in hook_log.read_text().splitlines()]
     assert record == {"ids": [job_id], "next": "dead", "pid": pids[0]}
 
