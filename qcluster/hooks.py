@@ -9,7 +9,9 @@ The jobs' fate is decided before any hook runs and does not depend on it: a hook
 raises is logged and ignored; a hook that runs too long is left behind in its thread (the
 slot goes on, and calls no hook of the queue again until it returned), so a hook can
 neither lose a job nor make it run twice. Its time is bounded by ``timeout`` and by what
-is left of the batch's lock.
+is left of the batch's lock. The batch is settled before the hooks are called, and the slot
+keeps telling its master it is alive while it waits for them, so a slow hook never gets
+the slot killed as hung.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 #: The longest the slot waits for its hooks per failure, in seconds (unless set).
 DEFAULT_HOOK_TIMEOUT_S = 5.0
+#: While waiting for a hook, the caller's ``alive`` is called at least this often (seconds).
+ALIVE_INTERVAL_S = 0.5
 
 Next = Literal["retry", "dead", "locked"]
 
@@ -75,9 +79,11 @@ class HookRunner:
     def __bool__(self) -> bool:
         return bool(self.hooks)
 
-    def call(self, failures: list[Failure], budget_s: float) -> None:
+    def call(self, failures: list[Failure], budget_s: float,
+             alive: Callable[[], None] | None = None) -> None:
         """Call every hook for each of ``failures``; returns within ``budget_s`` seconds
-        (and each hook within its own timeout) whatever the hooks do."""
+        (and each hook within its own timeout) whatever the hooks do. ``alive`` is called
+        every ALIVE_INTERVAL_S or so while waiting (the slot's heartbeat)."""
         if not self.hooks or not failures:
             return
         queue = failures[0].queue
@@ -98,7 +104,7 @@ class HookRunner:
             workers.append((index, spec, worker))
         for index, spec, worker in workers:
             limit = min(budget_s, spec.timeout_s)
-            worker.join(max(0.0, started + limit - time.monotonic()))
+            _join(worker, started + limit, alive)
             if worker.is_alive():
                 self._hung[index] = worker
                 logger.error("failure hook %s of %s still running after %.3g s: the slot "
@@ -109,6 +115,20 @@ class HookRunner:
         self.skipped += len(failures)
         logger.error("failure hook %s %s: %d failures of %s not passed to it", _name(spec),
                      why, len(failures), failures[0].queue)
+
+
+def _join(worker: threading.Thread, until: float, alive: Callable[[], None] | None) -> None:
+    """Wait for ``worker`` until the monotonic time ``until``, calling ``alive`` between
+    slices of the wait."""
+    while True:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        worker.join(left if alive is None else min(left, ALIVE_INTERVAL_S))
+        if not worker.is_alive():
+            return
+        if alive is not None:
+            alive()
 
 
 def _name(spec: HookSpec) -> str:

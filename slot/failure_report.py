@@ -159,9 +159,10 @@ class FailureReporter:
                        max_attempts=policy.max_attempts, host=self.host, slot=self.slot,
                        traceback=self._traceback(group.exception))
 
-    def report(self, failures: list[Failure], budget_s: float) -> None:
+    def report(self, failures: list[Failure], budget_s: float,
+               alive: Callable[[], None] | None = None) -> None:
         """Log and count ``failures`` (summarised past the limit), then call the hooks
-        within ``budget_s`` seconds."""
+        within ``budget_s`` seconds (``alive``: called now and then while waiting)."""
         now = time.monotonic()
         for failure in failures:
             exc = failure.exception
@@ -172,7 +173,7 @@ class FailureReporter:
             if self.summariser.admit((failure.queue, name, *raise_site(exc)), now):
                 logger.warning("%s\n%s", self.describe(failure), failure.traceback)
         self._tracebacks.clear()
-        self.hooks.call(failures, budget_s)
+        self.hooks.call(failures, budget_s, alive)
         self.tick(now)
 
     def tick(self, now: float) -> None:

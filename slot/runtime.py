@@ -236,13 +236,35 @@ class SlotRunner:
             if part.errors:
                 settlement.errors.update(part.errors)
             self._send(BatchDone(queue=self.queue, counters=counters))
-            if self._failed:
-                self._report_failures(taken)
-        if defer_settle:
+        if self._failed:
+            self._settle_then_report(settlement, taken, defer_settle=defer_settle)
+        elif defer_settle:
             self._pending = settlement
         else:
             self.broker.settle(self.queue, settlement)
         return True
+
+    def _settle_then_report(self, settlement: Settlement, taken: float, *,
+                            defer_settle: bool) -> None:
+        """A take where a handler raised: settle it at once (one more round trip, paid
+        by failed takes only), then log and call the hooks. Settled first, the jobs'
+        outcome never waits for a hook, and a slot killed while a hook runs holds
+        nothing its master would have to give back."""
+        try:
+            self.broker.settle(self.queue, settlement)
+            if self._progress is not None:
+                self._progress.clear()  # settled: nothing held
+        except BrokerError as exc:
+            if not defer_settle:
+                raise
+            self._pending = settlement  # settling again is harmless: with the next take
+            logger.warning("slot %s: could not settle on %s: %s", self.slot_label,
+                           self.queue, exc)
+        except Exception:
+            self._salvage(settlement)
+            raise
+        finally:
+            self._report_failures(taken)
 
     def _tell_broker_policy(self) -> None:
         """What the broker must know of the queue's policy before declaring it (RabbitMQ:
@@ -447,12 +469,17 @@ class SlotRunner:
                     len(settlement.ack_held), len(settlement.postpone))
 
     def _report_failures(self, taken: float) -> None:
-        """Log, count and hand to the hooks what failed in the batch that just ran; the
-        hooks get at most what is left of the take's lock (less the kill margin)."""
+        """Log, count and hand to the hooks what failed in the take that just ran; the
+        hooks get at most what is left of the take's lock (less the kill margin), and
+        the master hears from the slot while it waits for them (it judges a slot
+        outside a batch by its heartbeat)."""
         failed, self._failed = self._failed, []
         policy = self.spec.policy
         budget = policy.lock_timeout - policy.kill_margin - (time.monotonic() - taken)
-        self.failures.report(failed, budget)
+        self.failures.report(failed, budget, alive=self._heartbeat_busy)
+
+    def _heartbeat_busy(self) -> None:
+        self._heartbeat(idle=False)
 
     def _run_handler(self, jobs: list[Job]) -> float:
         started = time.perf_counter()

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 WINDOW_S = 10.0
 #: Failures of one key logged in full per window.
 FULL_PER_WINDOW = 3
-#: Keys followed at once: past this, a new key is logged in full without being followed
-#: (the count of keys is bounded by the code's raise sites, so this is a safety net).
+#: Keys followed at once: past this, opening a window for a new key ends the oldest one
+#: early. Windows are closed as they end, so this bounds the kinds failing within one
+#: window (a safety net: they are bounded by the code's raise sites).
 MAX_KEYS = 1000
 
 
@@ -40,7 +41,12 @@ class _Window:
 
 
 class FailureSummariser:
-    """Which failures to log in full, and the summaries of the ones that were not."""
+    """Which failures to log in full, and the summaries of the ones that were not.
+
+    ``now`` never decreases from one call to the next (the caller's clock is monotonic),
+    so the windows, kept in the order they opened, also end in that order: closing the
+    ended ones looks at the oldest only.
+    """
 
     def __init__(self, *, window_s: float = WINDOW_S, full_per_window: int = FULL_PER_WINDOW,
                  max_keys: int = MAX_KEYS) -> None:
@@ -48,10 +54,16 @@ class FailureSummariser:
         self.full_per_window = full_per_window
         self.max_keys = max_keys
         self._windows: dict[Hashable, _Window] = {}
+        """Open windows, oldest first."""
         self._ended: list[Summary] = []
         self.next_due = float("inf")
-        """The earliest moment a window with counted failures ends (a cheap check for
-        the caller: nothing is due before it)."""
+        """The earliest moment :meth:`due` has something to do (a cheap check for the
+        caller: nothing is due before it)."""
+
+    @property
+    def held(self) -> int:
+        """Windows open."""
+        return len(self._windows)
 
     def admit(self, key: Hashable, now: float) -> bool:
         """One failure of ``key`` at ``now``: True to log it in full, False when it is
@@ -61,24 +73,20 @@ class FailureSummariser:
             self._end(key, window)
             window = None
         if window is None:
-            if len(self._windows) < self.max_keys:
-                self._windows[key] = _Window(start=now)
+            self._open(key, now)
             return True
         if window.logged < self.full_per_window:
             window.logged += 1
             return True
         window.counted += 1
         window.last = now
-        self.next_due = min(self.next_due, window.start + self.window_s)
         return False
 
     def due(self, now: float) -> list[Summary]:
         """Summaries of the windows that ended by ``now`` (each reported once)."""
-        if now < self.next_due and not self._ended:
+        if now < self.next_due:
             return []
-        ended = [key for key, w in self._windows.items() if now >= w.start + self.window_s]
-        for key in ended:
-            self._end(key, self._windows[key])
+        self._close_ended(now)
         return self._take_ended()
 
     def flush(self) -> list[Summary]:
@@ -87,6 +95,25 @@ class FailureSummariser:
             self._end(key, window)
         return self._take_ended()
 
+    def _open(self, key: Hashable, now: float) -> None:
+        if len(self._windows) >= self.max_keys:
+            self._close_ended(now)
+            if len(self._windows) >= self.max_keys:
+                # More kinds failing at once than followed: the oldest window ends early
+                # (its summary comes now) rather than leave the new kind unfollowed.
+                oldest = next(iter(self._windows))
+                self._end(oldest, self._windows[oldest])
+        self._windows[key] = _Window(start=now)
+        self._set_next_due()
+
+    def _close_ended(self, now: float) -> None:
+        windows = self._windows
+        while windows:
+            key, window = next(iter(windows.items()))
+            if now < window.start + self.window_s:
+                return
+            self._end(key, window)
+
     def _end(self, key: Hashable, window: _Window) -> None:
         del self._windows[key]
         if window.counted:
@@ -94,6 +121,12 @@ class FailureSummariser:
 
     def _take_ended(self) -> list[Summary]:
         ended, self._ended = self._ended, []
-        starts = [w.start + self.window_s for w in self._windows.values() if w.counted]
-        self.next_due = min(starts, default=float("inf"))
+        self._set_next_due()
         return ended
+
+    def _set_next_due(self) -> None:
+        if self._ended:
+            self.next_due = float("-inf")
+            return
+        oldest = next(iter(self._windows.values()), None)
+        self.next_due = float("inf") if oldest is None else oldest.start + self.window_s

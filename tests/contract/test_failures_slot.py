@@ -14,8 +14,9 @@ import time
 import pytest
 
 from qcluster import App, Client, Job
-from qcluster.broker import Settlement
+from qcluster.broker import Settlement, open_broker
 from qcluster.hooks import Failure
+from qcluster.messages import Heartbeat
 from qcluster.slot.runtime import SlotRunner
 from tests.contract.test_async_outcomes import make_runner, run_until, settled
 
@@ -195,3 +196,56 @@ def test_an_async_handler_that_swallows_the_cancel_is_still_settled_as_timed_out
     assert all("last error TimeoutError: async batch cancelled after 0.8s" in r
                for r in reasons), reasons
     assert any("async batch of 2 jobs cancelled" in r.getMessage() for r in caplog.records)
+
+
+class _Master:
+    """Stands for the master's end of a slot's channel: writes down what the slot says."""
+
+    def __init__(self) -> None:
+        self.said: list[object] = []
+        self.closed = False
+
+    def send(self, message: object) -> bool:
+        self.said.append(message)
+        return True
+
+    def receive(self) -> list[object]:
+        return []
+
+
+def test_a_slow_hook_runs_after_the_settle_and_the_slot_keeps_its_heartbeat_meanwhile(
+    broker_url: str, queue_name: str
+) -> None:
+    """The master judges a slot outside a batch by its heartbeat: a hook that outlasts
+    heartbeat_timeout_s must not get the slot killed, and the jobs' outcome must not
+    wait for it."""
+    app = App()
+    client = Client(broker_url)
+    master = _Master()
+    seen: list[tuple[dict[str, int], int]] = []
+
+    @app.queue(queue_name, batch_size=1, max_attempts=1)
+    def handle(jobs: list[Job]) -> None:
+        raise Boom("never")
+
+    @app.on_failure(timeout=30)
+    def slow(failure: Failure) -> None:
+        stats = client.stats(queue_name)  # what the broker holds as the hook starts
+        said = len(master.said)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+                isinstance(m, Heartbeat) for m in master.said[said:]):
+            time.sleep(0.05)
+        seen.append((stats, sum(isinstance(m, Heartbeat) for m in master.said[said:])))
+
+    client.enqueue(queue_name, "x")
+    runner = SlotRunner(app, queue_name, open_broker(broker_url),
+                        channel=master)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 60
+    while not seen and time.monotonic() < deadline:
+        runner.step(defer_settle=True)  # as the slot's loop does
+    [(stats, heartbeats)] = seen
+    assert stats["dead"] == 1 and stats["locked"] == 0, "settled before the hook ran"
+    assert heartbeats >= 1, "no heartbeat while the hook ran"
+    (dead,) = client.dead_jobs(queue_name)
+    assert dead.error is not None and dead.error.message == "never"

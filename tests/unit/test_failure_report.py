@@ -106,3 +106,23 @@ def test_a_queue_a_host_no_longer_forks_shows_on_its_page_with_why(redis_url: st
         broker.close()
     assert '<p class="queue-fatal" data-queue="mail"><strong>mail failed here:</strong>' in page
     assert "exists in RabbitMQ as a classic queue" in page
+
+
+def test_the_caller_hears_now_and_then_while_a_hook_runs() -> None:
+    """The slot's heartbeat goes on while it waits for a slow hook (its master judges a
+    slot outside a batch by its heartbeat); a hook that returns ends the wait."""
+    release = threading.Event()
+    calls: list[float] = []
+
+    def slow(failure: Failure) -> None:
+        release.wait(30)
+
+    def alive() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            release.set()
+
+    runner = HookRunner((HookSpec(slow, timeout_s=30),))
+    runner.call([_failure()], budget_s=30, alive=alive)
+    assert len(calls) >= 3 and release.is_set()
+    assert runner.skipped == 0
