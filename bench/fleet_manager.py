@@ -51,6 +51,9 @@ class Timed:
     def __init__(self, app: Any) -> None:
         self.app = app
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)  # the manager sets app.state after create_app
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)

@@ -465,10 +465,11 @@ def use_idle(queues: Sequence[QueueInput], needs: Mapping[str, Need],
         wanted = min(math.ceil(arriving + backlog_s / IDLE_DRAIN_S), policy.max_slots,
                      have + math.ceil(backlog / policy.batch_size))
         more = min(free, wanted - have)
-        if have + more < have * IDLE_STEP:
+        if have + more < have * IDLE_STEP and have + more < policy.max_slots:
             # A backlog that grows while slots drain it slower than their job time says
             # (a loaded host), or the few slots free this round, would add a slot or two
-            # every round: one move, or none.
+            # every round: one move, or none. Up to max_slots is the last move, whatever
+            # its size: a bigger backlog never gets fewer slots than a smaller one.
             continue
         if more > 0:
             extra[queue.name] = more
