@@ -85,7 +85,7 @@ def job(job_id: JobIdPath, service: ServiceDep) -> JobInfo:
     if found is None:
         raise HTTPException(404, f"no job {job_id} in any queue (finished jobs are "
                                  "remembered for their queue's keep_finished_s only)")
-    return placed(service, [found])[0]
+    return found
 
 
 def placed(service: ManagerService, jobs: list[JobInfo]) -> list[JobInfo]:
@@ -122,9 +122,8 @@ def jobs(queue: NamePath, service: ServiceDep,
          offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
          limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> JobPage:
     """A page of the queue's jobs in ``state``; dead letters newest first."""
-    page = on_broker(service, lambda: service.job_page(queue, state, offset, limit),
+    return on_broker(service, lambda: service.job_page(queue, state, offset, limit),
                      shared=False)
-    return page.model_copy(update={"jobs": placed(service, page.jobs)})
 
 
 @router.post("/api/v1/queues/{queue}/dead/requeue", dependencies=GUARDED)

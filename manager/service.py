@@ -130,16 +130,21 @@ class ManagerService(RoundLoop):
     # --- JobSource (admin_ui.source): the broker calls of the job routes (api_jobs) ---
 
     def find_job(self, job_id: str) -> JobInfo | None:
-        from qcluster.manager.api_jobs import known_queues  # the route's queues to look in
+        """Where the job is; a running one with the host and slot holding it."""
+        from qcluster.manager.api_jobs import known_queues, placed
 
         queues = known_queues(self)
-        return self.job_reads.read(lambda broker: broker.job(job_id, queues=queues))
+        found = self.job_reads.read(lambda broker: broker.job(job_id, queues=queues))
+        return None if found is None else placed(self, [found])[0]
 
     def job_page(self, queue: str, state: str, offset: int, limit: int) -> JobPage:
+        """A page of the queue's jobs; running ones with their host, slot and start."""
+        from qcluster.manager.api_jobs import placed
+
         page = self.job_reads.read(
             lambda broker: broker.job_page(queue, state, offset=offset, limit=limit))
         self.job_reads.paged(queue)
-        return page
+        return page.model_copy(update={"jobs": placed(self, page.jobs)})
 
     def stop(self) -> None:
         super().stop()

@@ -105,6 +105,17 @@ def test_running_jobs_search_traceback_and_per_job_actions(page: Page,
         assert rows.count() == 2 and page.locator("#page-span").inner_text() == "1 to 2 of 2"
         running = rows.evaluate_all("rows => rows.map(r => r.dataset.job)")
         assert set(running) < set(ids)
+        # Where each runs, from the master's report of its slots' takes (a slot's take is
+        # in its master's next report), and for how long.
+        def placed() -> bool:
+            page.goto(f"{cluster.url}/queues/{cluster.queue}/jobs?state=running")
+            return rows.locator("td.job-host").all_inner_texts() == ["host-j", "host-j"]
+
+        wait_until(placed, timeout_s=60, interval_s=0.5,
+                   message="both running jobs shown on host-j")
+        slots = rows.locator("td.job-slot").all_inner_texts()
+        assert all(slot.startswith(f"{cluster.queue}-") for slot in slots), slots
+        assert "—" not in rows.locator("td.job-for").all_inner_texts()
         page.fill('header input[name="id"]', running[0])
         page.click("header form.job-search button")
         assert page.locator("#job-state").inner_text() == "running"
