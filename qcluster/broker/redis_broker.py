@@ -29,6 +29,7 @@ from qcluster.broker.base import (
     Settlement,
     mask_url,
 )
+from qcluster.broker.redis_jobs import decoded, int_or_zero
 from qcluster.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -266,7 +267,7 @@ class RedisBroker(Broker):
             config: dict[str, str] = {}
             for name in names:
                 reply = server.config_get(name)
-                config.update({_text(k): _text(v) for k, v in reply.items()})
+                config.update({decoded(k): decoded(v) for k, v in reply.items()})
             configs.append(config)
         return configs
 
@@ -324,7 +325,7 @@ class RedisBroker(Broker):
             for job_id, body in messages[start : start + PUBLISH_CHUNK]:
                 args += (job_id, body)
             reply = self._publishing("publish", keys, args)
-            stored += (_text(job_id) for job_id in reply)
+            stored += (decoded(job_id) for job_id in reply)
         return list(dict.fromkeys(stored))
 
     def _registry(self, queue: str) -> str:
@@ -522,10 +523,10 @@ class RedisBroker(Broker):
         ticks: dict[str, int] = {}
         for name, value in found.items():
             try:
-                ticks[_text(name)] = int(value)
+                ticks[decoded(name)] = int(value)
             except (TypeError, ValueError):
                 logger.warning("periodic job %s: its record in %s is not a tick (%r): "
-                               "ignored", _text(name), PERIODIC_KEY, value[:40])
+                               "ignored", decoded(name), PERIODIC_KEY, value[:40])
         return ticks
 
     def _periodic_script(self, source: str) -> Any:
@@ -687,15 +688,6 @@ def _activate_ms(activate_at: float) -> int:
     return round(activate_at * 1000) if activate_at == activate_at and activate_at < 1e15 else 0
 
 
-def _int_or_zero(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _settle_take_script() -> str:
@@ -759,7 +751,7 @@ def _careful_deliveries(reply: list[Any]) -> list[Delivery]:
         except ValueError:
             activate_s, problem = now_s, problem or f"activation time {activate_ms!r}"
         deliveries.append(Delivery(
-            text_id, body, _int_or_zero(attempts), activate_s, now_s, JSON_CONTENT_TYPE,
+            text_id, body, int_or_zero(attempts), activate_s, now_s, JSON_CONTENT_TYPE,
             reply[1], malformed=f"malformed: {problem}" if problem else "",
         ))
     return deliveries

@@ -44,7 +44,7 @@ def lookup(broker: RedisBroker, keys_of: Any, job_id: str,
         reply = broker._run("job", [k["ready"], k["locked"], k["jobs"], k["attempts"],
                                     k["dead"], k["reasons"], k["errors"]], [job_id])
         found = _info(name, job_id, reply)
-        if found is None and not _text(reply[1]):
+        if found is None and not decoded(reply[1]):
             found = _finished(broker, k["finished"], name, job_id)
         if found is not None:
             return found
@@ -75,7 +75,7 @@ def _finished(broker: RedisBroker, index: str, queue: str, job_id: str) -> JobIn
 def _bucket_order(bucket: bytes) -> int:
     """A bucket's start (ms): ``...:finished:WIDTH:INDEX``."""
     width, index = bucket.rsplit(b":", 2)[-2:]
-    return _int(width) * _int(index)
+    return int_or_zero(width) * int_or_zero(index)
 
 
 def _finished_info(queue: str, job_id: str, entry: bytes) -> JobInfo:
@@ -83,17 +83,17 @@ def _finished_info(queue: str, job_id: str, entry: bytes) -> JobInfo:
     done, taken = float(head[0]) / 1000, float(head[1]) / 1000
     return JobInfo(id=job_id, queue=queue, state="finished", since=done, finished_at=done,
                    started_at=taken, duration_s=max(0.0, done - taken),
-                   attempts=_int(head[2]) or None)
+                   attempts=int_or_zero(head[2]) or None)
 
 
 def _info(queue: str, job_id: str, reply: list[Any]) -> JobInfo | None:
     now_ms, where, score, body, tries, reason, error = reply
     now_s = int(now_ms) / 1000
-    past = abs(_int(tries))
+    past = abs(int_or_zero(tries))
     last_error = LastError.of(JobError.from_json(error))
     common: dict[str, Any] = {"id": job_id, "queue": queue, "payload": payload_of(body),
                               "last_error": last_error}
-    where = _text(where)
+    where = decoded(where)
     if where == "locked":
         if float(score) <= now_ms:
             return JobInfo(state="ready", since=float(score) / 1000, attempts=past + 1,
@@ -103,7 +103,7 @@ def _info(queue: str, job_id: str, reply: list[Any]) -> JobInfo | None:
                        **common)
     if where == "dead":
         return JobInfo(state="dead", since=float(score) / 1000, attempts=past,
-                       reason=_text(reason), **common)
+                       reason=decoded(reason), **common)
     if where == "ready":
         at = float(score) / 1000
         if at <= now_s:
@@ -135,9 +135,9 @@ def dead_page(broker: RedisBroker, keys_of: Any, queue: str, *, offset: int,
             pipe.hmget(k[name], ids)
         bodies, reasons, attempts, errors = pipe.execute()
     return int(total), [
-        DeadJob(id=_text(job_id), queue=queue, body=_text(body or b""),
-                reason=_text(reason or b""), attempts=abs(_int(tries)), dead_at=score / 1000,
-                error=JobError.from_json(error))
+        DeadJob(id=decoded(job_id), queue=queue, body=decoded(body or b""),
+                reason=decoded(reason or b""), attempts=abs(int_or_zero(tries)),
+                dead_at=score / 1000, error=JobError.from_json(error))
         for (job_id, score), body, reason, tries, error in zip(
             entries, bodies, reasons, attempts, errors, strict=True)
     ]
@@ -178,7 +178,8 @@ def _running(broker: RedisBroker, k: dict[str, str], queue: str, offset: int,
                            withscores=True)
         total, entries = pipe.execute()
         details = _details(broker, k, [job_id for job_id, _ in entries])
-    jobs = [JobInfo(id=_text(job_id), queue=queue, state="running", attempts=abs(_int(tries)) + 1,
+    jobs = [JobInfo(id=decoded(job_id), queue=queue, state="running",
+                    attempts=abs(int_or_zero(tries)) + 1,
                     payload=payload_of(body), last_error=LastError.of(JobError.from_json(err)),
                     lock_token=int(score))
             for (job_id, score), (body, tries, err) in zip(entries, details, strict=True)]
@@ -202,7 +203,7 @@ def _waiting(broker: RedisBroker, k: dict[str, str], queue: str, state: str, off
             details = _details(broker, k, [job_id for job_id, _ in chunk])
             for (job_id, score), (body, tries, err) in zip(chunk, details, strict=True):
                 error = LastError.of(JobError.from_json(err))
-                past = abs(_int(tries))
+                past = abs(int_or_zero(tries))
                 kind: JobState = "retrying" if past or error else "delayed"
                 if kind != state:
                     continue
@@ -210,7 +211,7 @@ def _waiting(broker: RedisBroker, k: dict[str, str], queue: str, state: str, off
                     skipped += 1
                     continue
                 if len(found) < limit:
-                    found.append(JobInfo(id=_text(job_id), queue=queue, state=kind,
+                    found.append(JobInfo(id=decoded(job_id), queue=queue, state=kind,
                                          next_run_at=score / 1000, attempts=past,
                                          payload=payload_of(body), last_error=error))
     note = (f"only the first {SCAN_LIMIT:,} waiting jobs were read"
@@ -234,12 +235,14 @@ def _now_ms(broker: RedisBroker) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _int(value: Any) -> int:
+def int_or_zero(value: Any) -> int:
+    """A stored count (bytes, text or None) as a number; 0 when it is not one."""
     try:
         return int(value or 0)
     except (TypeError, ValueError):
         return 0
 
 
-def _text(value: Any) -> str:
+def decoded(value: Any) -> str:
+    """A stored value as text (a damaged byte is replaced, never raised on)."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
