@@ -42,33 +42,55 @@ DONE = {"requeued": "Requeued {} dead job(s).", "deleted": "Deleted {} dead job(
 NO_IDS: list[str] = Form([])
 
 
-def job_routes(router: APIRouter, source: JobSource, templates: Jinja2Templates,
-               context: Callable[..., dict[str, Any]]) -> None:
-    """Add the job browser's routes to the admin pages' router."""
+class _Renderer:
+    """The job browser's templates rendered with the admin pages' context."""
 
-    def render(request: Request, name: str, status: int = 200, **values: Any) -> Response:
-        return templates.TemplateResponse(request, name, context(
+    def __init__(self, templates: Jinja2Templates,
+                 context: Callable[..., dict[str, Any]]) -> None:
+        self.templates, self.context = templates, context
+
+    def render(self, request: Request, name: str, status: int = 200,
+               **values: Any) -> Response:
+        return self.templates.TemplateResponse(request, name, self.context(
             request, now=time.time(), pretty=pretty_json, preview=preview,
             duration=duration, state_text=STATE_TEXT, **values), status_code=status)
 
-    def message(request: Request, title: str, text: str, status: int) -> Response:
-        return render(request, "message.html", status, title=title, text=text)
+    def message(self, request: Request, title: str, text: str, status: int) -> Response:
+        return self.render(request, "message.html", status, title=title, text=text)
+
+
+def job_routes(router: APIRouter, source: JobSource, templates: Jinja2Templates,
+               context: Callable[..., dict[str, Any]]) -> None:
+    """Add the job browser's routes to the admin pages' router."""
+    ui = _Renderer(templates, context)
+    _find_route(router, source, ui)
+    _listing_route(router, source, ui)
+    _dead_action_route(router, source, ui, "requeued", source.requeue_dead_jobs)
+    _dead_action_route(router, source, ui, "deleted", source.delete_dead_jobs)
+
+
+def _find_route(router: APIRouter, source: JobSource, ui: _Renderer) -> None:
+    """``GET /jobs?id=``: a job found by id."""
 
     @router.get("/jobs", response_class=HTMLResponse)
     def find(request: Request, id: str = "") -> Response:
         job_id = id.strip()
         if not job_id:
-            return render(request, "job.html", job=None, job_id="")
+            return ui.render(request, "job.html", job=None, job_id="")
         if len(job_id) > MAX_ID_CHARS:
-            return message(request, "No such job", "A job id is at most "
-                           f"{MAX_ID_CHARS} characters.", 404)
+            return ui.message(request, "No such job", "A job id is at most "
+                              f"{MAX_ID_CHARS} characters.", 404)
         try:
             found = source.find_job(job_id)
         except (BrokerError, HTTPException) as exc:
-            return message(request, "Broker unavailable", _why(exc), 503)
+            return ui.message(request, "Broker unavailable", _why(exc), 503)
         if found is None:
-            return render(request, "job.html", 404, job=None, job_id=job_id)
-        return render(request, "job.html", job=found, job_id=job_id)
+            return ui.render(request, "job.html", 404, job=None, job_id=job_id)
+        return ui.render(request, "job.html", job=found, job_id=job_id)
+
+
+def _listing_route(router: APIRouter, source: JobSource, ui: _Renderer) -> None:
+    """``GET /queues/{name}/jobs``: a page of a queue's jobs in one state."""
 
     @router.get("/queues/{name}/jobs", response_class=HTMLResponse)
     def listing(request: Request, name: str, state: str = "dead", offset: int = 0,
@@ -76,7 +98,7 @@ def job_routes(router: APIRouter, source: JobSource, templates: Jinja2Templates,
         try:
             check_queue_name(name)
         except InvalidQueueName:
-            return message(request, "Unknown queue", f"No queue named {name!r}.", 404)
+            return ui.message(request, "Unknown queue", f"No queue named {name!r}.", 404)
         if state not in STATES:
             state = "dead"
         offset = page_offset(min(offset, MAX_OFFSET), None)  # a link's number, bounded
@@ -86,44 +108,46 @@ def job_routes(router: APIRouter, source: JobSource, templates: Jinja2Templates,
                 page = source.job_page(name, state, page_offset(offset, page.total),
                                        PAGE_SIZE)
         except NotImplementedError as exc:
-            return message(request, "Not available", str(exc), 501)
+            return ui.message(request, "Not available", str(exc), 501)
         except BrokerError as exc:
-            return message(request, "Broker unavailable", _why(exc), 503)
+            return ui.message(request, "Broker unavailable", _why(exc), 503)
         notice = DONE[done].format(max(0, n)) if done in DONE else None
-        return render(request, "jobs.html", queue=name, state=state, states=STATES,
-                      page=page, pages=Pages(page.offset, len(page.jobs), page.total),
-                      notice=notice, row_chars=ROW_PAYLOAD_CHARS)
+        return ui.render(request, "jobs.html", queue=name, state=state, states=STATES,
+                         page=page, pages=Pages(page.offset, len(page.jobs), page.total),
+                         notice=notice, row_chars=ROW_PAYLOAD_CHARS)
 
-    def dead_action(kind: str, call: Callable[[str, list[str]], int]) -> None:
-        def route(request: Request, name: str, token: str = Form(""),
-                  ids: list[str] = NO_IDS, one: str = Form(""), offset: int = Form(0)
-                  ) -> Response:
-            try:
-                check_queue_name(name)
-            except InvalidQueueName:
-                return message(request, "Unknown queue", f"No queue named {name!r}.", 404)
-            if not source.check_token(token or bearer_token(
-                    request.headers.get("authorization"))):
-                return message(request, "Not authorised", "Requeueing or deleting dead "
-                               "jobs needs the manager's token (qcluster.toml `token` or "
-                               "QCLUSTER_TOKEN).", 401)
-            chosen = [one] if one else [i for i in ids if i]
-            if not chosen or any(len(i) > MAX_ID_CHARS for i in chosen):
-                return message(request, "Nothing chosen", "Choose the dead jobs first "
-                               "(a row's button, or the boxes of the rows).", 400)
-            try:
-                count = call(name, chosen)
-            except BrokerError as exc:
-                return message(request, "Not done", f"The broker did not do it: {exc}", 503)
-            return RedirectResponse(
-                f"/queues/{quote(name)}/jobs?state=dead&offset={max(0, offset)}"
-                f"&done={kind}&n={count}", status_code=303)
 
-        router.post(f"/queues/{{name}}/dead/{'requeue' if kind == 'requeued' else 'delete'}",
-                    response_class=HTMLResponse)(route)
+def _dead_action_route(router: APIRouter, source: JobSource, ui: _Renderer, kind: str,
+                       call: Callable[[str, list[str]], int]) -> None:
+    """``POST /queues/{name}/dead/requeue`` or ``.../delete``: the chosen dead jobs, with
+    the token; back to the listing, which says how many."""
 
-    dead_action("requeued", source.requeue_dead_jobs)
-    dead_action("deleted", source.delete_dead_jobs)
+    def route(request: Request, name: str, token: str = Form(""),
+              ids: list[str] = NO_IDS, one: str = Form(""), offset: int = Form(0)
+              ) -> Response:
+        try:
+            check_queue_name(name)
+        except InvalidQueueName:
+            return ui.message(request, "Unknown queue", f"No queue named {name!r}.", 404)
+        if not source.check_token(token or bearer_token(
+                request.headers.get("authorization"))):
+            return ui.message(request, "Not authorised", "Requeueing or deleting dead "
+                              "jobs needs the manager's token (qcluster.toml `token` or "
+                              "QCLUSTER_TOKEN).", 401)
+        chosen = [one] if one else [i for i in ids if i]
+        if not chosen or any(len(i) > MAX_ID_CHARS for i in chosen):
+            return ui.message(request, "Nothing chosen", "Choose the dead jobs first "
+                              "(a row's button, or the boxes of the rows).", 400)
+        try:
+            count = call(name, chosen)
+        except BrokerError as exc:
+            return ui.message(request, "Not done", f"The broker did not do it: {exc}", 503)
+        return RedirectResponse(
+            f"/queues/{quote(name)}/jobs?state=dead&offset={max(0, offset)}"
+            f"&done={kind}&n={count}", status_code=303)
+
+    router.post(f"/queues/{{name}}/dead/{'requeue' if kind == 'requeued' else 'delete'}",
+                response_class=HTMLResponse)(route)
 
 
 def _why(exc: Exception) -> str:

@@ -2,22 +2,32 @@
 
     python -m bench.fleet [--sizes 10x30,10x150,40x30,40x150] [--seconds 60]
                           [--slots-per-master 4] [--rate 300] [--no-browser]
+                          [--manager-nice -10]
 
 Each size ``MxQ`` starts, on the bench's private Redis, one ``qcluster manager`` (through
 bench/fleet_manager.py, which adds timings and nothing else), ``M`` real ``qcluster master``
 processes (each its own ``--host-name`` and port, at most ``--slots-per-master`` slots
 each: ``M x`` that many real slots in all) and an app of ``Q`` queues (bench/fleet_app.py),
 then a producer whose total rate swings between 0.4x and 1.6x ``--rate`` jobs/s, spread over
-the queues by their weight. After a warm-up it measures, for ``--seconds``:
+the queues by their weight. After a warm-up it measures, for ``--seconds``, with the admin
+overview open (fetched every 3 s, as its refresh does):
 
-- the manager's CPU (share of a core, and per planning round: the round thread's CPU);
-- each report's time from arrival to reply (p50, p99);
+- the manager's CPU (share of a core, and per planning round: the round thread's CPU and
+  how long it held the state lock), and how long its threads waited for a CPU (the
+  machine's load: ``manager_cpu_wait_share``, seconds per second summed over its threads);
+- each report's time from arrival to reply (p50, p99), and each phase's: before the service
+  is called, the state lock's wait, the work under it, after; the event loop's wait for a
+  CPU meanwhile (bench/fleet_manager.py);
 - ``/api/v1/cluster``: size and time (p50, p99 over 20 reads);
-- the admin overview's and a queue page's load time in headless Chromium, and DOM size;
+- the admin overview's and a queue page's load time in headless Chromium, DOM size, and
+  where the overview's load goes (the server's answer, the transfer, the parse, the
+  scripts, the rest: Navigation Timing);
 - the broker commands the manager issues per round (Redis MONITOR, by the manager's ports);
 - each master's CPU (share of a core) and RSS.
 
-Writes bench/results/fleet.json and prints a table. Every process it starts is stopped.
+Writes bench/results/fleet.json, draws its figures against the masters in
+docs/img/fleet-growth.svg (bench/fleet_plot.py) and prints a table. Every process it starts
+is stopped.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from typing import Any
 import psutil
 import redis
 
+from bench import fleet_plot
 from bench.fleet_app import queue_shapes
 from qcluster.client import Client
 
@@ -83,8 +94,9 @@ class Fleet:
     """One size: its processes, its producer, its measurements."""
 
     def __init__(self, redis_url: str, masters: int, queues: int, slots_per_master: int,
-                 workdir: Path) -> None:
+                 workdir: Path, manager_nice: int = 0) -> None:
         self.redis_url, self.masters, self.queues = redis_url, masters, queues
+        self.manager_nice = manager_nice
         self.workdir = workdir
         self.port = free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -96,10 +108,11 @@ class Fleet:
         self.config.write_text(f"[master]\nmax_slots = {slots_per_master}\n"
                                f"report_interval_s = {INTERVAL_S}\n")
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def start(self, name: str, args: list[str], nice: int = 0) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("ab")
         proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=(lambda: set_nice(nice)) if nice else None)
         self.procs.append(proc)
         return proc
 
@@ -107,7 +120,7 @@ class Fleet:
         self.manager = self.start("manager", [
             "-m", "bench.fleet_manager", "--broker", self.redis_url, "--config",
             str(self.config), "--listen", f"127.0.0.1:{self.port}", "--interval",
-            str(INTERVAL_S), "--log-level", "WARNING"])
+            str(INTERVAL_S), "--log-level", "WARNING"], nice=self.manager_nice)
         wait_for(lambda: self.get("/healthz") is not None, 60, "the manager")
         for index in range(self.masters):
             self.master_procs.append(self.start(f"master-{index:02d}", [
@@ -138,6 +151,14 @@ class Fleet:
             with suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def set_nice(nice: int) -> None:
+    """This process's nice value, and its session's: with the kernel's autogroups each
+    session (every master is one) shares the CPUs as a group, whatever its nice value."""
+    os.nice(nice)
+    with suppress(OSError), open("/proc/self/autogroup", "w") as autogroup:
+        autogroup.write(str(nice))
 
 
 def wait_for(condition: Any, timeout_s: float, what: str) -> None:
@@ -205,14 +226,31 @@ def manager_commands(redis_url: str, manager_pid: int, seconds: float) -> int:
     return count
 
 
+#: Where a page's load went, from the browser's Navigation Timing (ms from the start):
+#: the server's answer (request sent -> first byte), the body's transfer, the HTML parsed
+#: into the DOM (to domInteractive), the deferred script and DOMContentLoaded, the rest to
+#: the load event (styles, layout, sub-resources).
+NAVIGATION_SPLIT = """() => {
+  const n = performance.getEntriesByType("navigation")[0];
+  return {server_ms: n.responseStart - n.requestStart,
+          transfer_ms: n.responseEnd - n.responseStart,
+          parse_ms: n.domInteractive - n.responseEnd,
+          scripts_ms: n.domContentLoadedEventEnd - n.domInteractive,
+          rest_ms: n.loadEventStart - n.domContentLoadedEventEnd,
+          load_ms: n.loadEventStart - n.startTime};
+}"""
+
+
 def page_load(url: str, samples: int = 3) -> dict[str, float]:
-    """The page's load in headless Chromium: median seconds to the load event, DOM size."""
+    """The page's load in headless Chromium: median seconds to the load event, DOM size,
+    and the median of each part of the load (``NAVIGATION_SPLIT``)."""
     from playwright.sync_api import sync_playwright
 
     executable = shutil.which("chromium")
     if executable is None:
         raise SystemExit("fleet bench: Debian's chromium is not installed (make sysdeps)")
     times: list[float] = []
+    splits: list[dict[str, float]] = []
     dom_kib = 0.0
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
@@ -222,11 +260,38 @@ def page_load(url: str, samples: int = 3) -> dict[str, float]:
                 started = time.perf_counter()
                 page.goto(url, wait_until="load", timeout=120_000)
                 times.append(time.perf_counter() - started)
+                splits.append(page.evaluate(NAVIGATION_SPLIT))
                 dom_kib = len(page.content()) / 1024
                 page.close()
         finally:
             browser.close()
-    return {"load_s": statistics.median(times), "dom_kib": round(dom_kib, 1)}
+    return {"load_s": statistics.median(times), "dom_kib": round(dom_kib, 1),
+            **{part: round(statistics.median(split[part] for split in splits), 1)
+               for part in splits[0]}}
+
+
+@contextmanager
+def overview_open(fleet: Fleet) -> Iterator[None]:
+    """An operator's open overview while the reports are measured: the page's refresh
+    fetches it every ``REFRESH_S`` (each fetch builds the cluster view under the manager's
+    state lock, as the reports take it)."""
+    from qcluster.admin_ui.router import REFRESH_S
+
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while not stop.wait(REFRESH_S):
+            with suppress(OSError), urllib.request.urlopen(
+                    f"http://127.0.0.1:{fleet.port}/", timeout=60) as response:
+                response.read()
+
+    thread = threading.Thread(target=refresh, name="overview", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=70)
 
 
 def cluster_reads(fleet: Fleet, count: int = 20) -> dict[str, float]:
@@ -246,12 +311,13 @@ def cluster_reads(fleet: Fleet, count: int = 20) -> dict[str, float]:
 def measure(fleet: Fleet, seconds: float, browser: bool) -> dict[str, Any]:
     manager = psutil.Process(fleet.manager.pid)
     masters = [psutil.Process(proc.pid) for proc in fleet.master_procs]
-    fleet.get("/bench/timings")  # drop the warm-up's samples
+    before = (fleet.get("/bench/timings") or {}).get("threads", {})  # drops the warm-up's
     manager_cpu, master_cpu = cpu_seconds(manager), [cpu_seconds(m) for m in masters]
     started = time.monotonic()
-    commands = manager_commands(fleet.redis_url, manager.pid, min(20.0, seconds / 2))
-    monitored_s = time.monotonic() - started
-    time.sleep(max(0.0, seconds - monitored_s))
+    with overview_open(fleet):
+        commands = manager_commands(fleet.redis_url, manager.pid, min(20.0, seconds / 2))
+        monitored_s = time.monotonic() - started
+        time.sleep(max(0.0, seconds - monitored_s))
     wall = time.monotonic() - started
     manager_share = (cpu_seconds(manager) - manager_cpu) / wall
     master_shares = [(cpu_seconds(m) - before) / wall for m, before in zip(masters, master_cpu,
@@ -261,6 +327,7 @@ def measure(fleet: Fleet, seconds: float, browser: bool) -> dict[str, Any]:
     reports = timings.get("report_s", [])
     figures: dict[str, Any] = {
         "masters": fleet.masters, "queues": fleet.queues, "seconds": round(wall, 1),
+        "manager_nice": fleet.manager_nice, "load_average": round(os.getloadavg()[0], 1),
         "slots": sum(sum(h["slots"].values()) for h in (fleet.get("/api/v1/cluster") or
                                                         {"hosts": []})["hosts"]),
         "manager_core_share": round(manager_share, 4),
@@ -271,6 +338,9 @@ def measure(fleet: Fleet, seconds: float, browser: bool) -> dict[str, Any]:
         "reports": len(reports),
         "report_p50_ms": round(percentile(reports, 0.5) * 1000, 2),
         "report_p99_ms": round(percentile(reports, 0.99) * 1000, 2),
+        **report_phases(timings),
+        **lock_holds(timings),
+        "manager_cpu_wait_share": cpu_wait_share(before, timings.get("threads", {}), wall),
         "manager_commands_per_round": round(commands / max(1.0, monitored_s / INTERVAL_S), 1),
         "master_core_share_median": round(statistics.median(master_shares), 4),
         "master_core_share_max": round(max(master_shares), 4),
@@ -284,14 +354,47 @@ def measure(fleet: Fleet, seconds: float, browser: bool) -> dict[str, Any]:
         figures.update(overview_load_s=round(overview["load_s"], 3),
                        overview_dom_kib=overview["dom_kib"],
                        queue_page_load_s=round(queue_page["load_s"], 3),
-                       queue_page_dom_kib=queue_page["dom_kib"])
+                       queue_page_dom_kib=queue_page["dom_kib"],
+                       **{f"overview_{part}": value for part, value in overview.items()
+                          if part.endswith("_ms")})
     return figures
+
+
+def report_phases(timings: dict[str, Any]) -> dict[str, float]:
+    """Where the reports' time went (ms, p50 and p99 of each phase; bench/fleet_manager.py):
+    before the service is called, the state lock's wait, the work under it, after it; and
+    how long the event loop's thread waited for a CPU meanwhile (the machine's load)."""
+    found = {}
+    for phase in ("before", "lock_wait", "work", "after", "loop_cpu_wait"):
+        values = timings.get(f"report_{phase}_s", [])
+        for name, fraction in (("p50", 0.5), ("p99", 0.99)):
+            found[f"report_{phase}_{name}_ms"] = round(percentile(values, fraction) * 1000, 2)
+    return found
+
+
+def lock_holds(timings: dict[str, Any]) -> dict[str, float]:
+    """How long the state lock is held: by each round (all its holds, summed), and by each
+    reader's hold (the views, the controls; not the reports)."""
+    rounds = timings.get("round_lock_held_s", [])
+    readers = timings.get("reader_lock_held_s", [])
+    return {"round_lock_held_ms_median": round(percentile(rounds, 0.5) * 1000, 2),
+            "round_lock_held_ms_max": round(max(rounds, default=math.nan) * 1000, 2),
+            "reader_lock_held_ms_p99": round(percentile(readers, 0.99) * 1000, 2)}
+
+
+def cpu_wait_share(before: dict[str, float], after: dict[str, float], wall: float) -> float:
+    """Seconds the manager's threads waited for a CPU (runnable, not running) per second of
+    the measurement, summed over its threads: the machine's load, not the manager's."""
+    if "cpu_wait_s" not in before or "cpu_wait_s" not in after:
+        return math.nan
+    return round((after["cpu_wait_s"] - before["cpu_wait_s"]) / wall, 3)
 
 
 def run_size(redis_url: str, masters: int, queues: int, args: argparse.Namespace) -> dict[str, Any]:
     redis.Redis.from_url(redis_url).flushdb()
     with tempfile.TemporaryDirectory(prefix="qcluster-fleet-") as tmp:
-        fleet = Fleet(redis_url, masters, queues, args.slots_per_master, Path(tmp))
+        fleet = Fleet(redis_url, masters, queues, args.slots_per_master, Path(tmp),
+                      args.manager_nice)
         try:
             print(f"fleet {masters} masters x {queues} queues: starting", flush=True)
             fleet.start_all()
@@ -333,10 +436,11 @@ def targets_met(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(sizes: str = "10x30,10x150,40x30,40x150", seconds: float = 60.0,
-        slots_per_master: int = 4, rate: float = 300.0, browser: bool = True) -> dict[str, Any]:
+        slots_per_master: int = 4, rate: float = 300.0, browser: bool = True,
+        manager_nice: int = 0) -> dict[str, Any]:
     """Every size in ``sizes`` (``MxQ,...``), one after the other: their rows and targets."""
     args = argparse.Namespace(seconds=seconds, slots_per_master=slots_per_master, rate=rate,
-                              no_browser=not browser)
+                              no_browser=not browser, manager_nice=manager_nice)
     redis_url, owned = private_redis()
     try:
         rows = [run_size(redis_url, masters, queues, args)
@@ -364,14 +468,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots-per-master", type=int, default=4)
     parser.add_argument("--rate", type=float, default=300.0)
     parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument("--manager-nice", type=int, default=0,
+                        help="the manager's nice value (-10: ahead of the masters and slots "
+                             "sharing its cores, as on a machine of its own; needs root)")
     args = parser.parse_args(argv)
     result = {"command": "python -m bench.fleet " + " ".join(
                   sys.argv[1:] if argv is None else argv),
               "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               **run(args.sizes, args.seconds, args.slots_per_master, args.rate,
-                    not args.no_browser)}
+                    not args.no_browser, args.manager_nice)}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS} and {fleet_plot.write(result)}")
     for check in result["targets"]:
         print(f"{'met ' if check['met'] else 'MISS'} {check['what']}: {check['value']} "
               f"(target {check['target']})")

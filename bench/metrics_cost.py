@@ -1,5 +1,5 @@
 """``python -m bench.metrics_cost``: microseconds a slot spends recording the metrics of one
-job (a batch of 100 through the real ``_SlotMetrics.observe``, prometheus_client in the
+job (a batch of 100 through the real ``SlotMetrics.observe``, prometheus_client in the
 multiprocess mode slots run in). Prints one number. Run as its own process: the mode is
 chosen when prometheus_client is first imported."""
 
@@ -17,9 +17,9 @@ def main() -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = d
         from qcluster.job import Delivery, Job
         from qcluster.messages import BatchCounters
-        from qcluster.slot.runtime import _SlotMetrics
+        from qcluster.slot.slot_metrics import SlotMetrics
 
-        recorder = _SlotMetrics("slot1")
+        recorder = SlotMetrics("slot1")
         jobs = []
         for n in range(BATCH):
             activate_at = 999.99 - n * 1e-5

@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from bench.common import ROOT
-from qcluster.manager.placement import place
-from qcluster.manager.planning import QueueInput, QueueWindow, plan
+from qcluster.manager.planning.placement import place
+from qcluster.manager.planning.plan import QueueInput, QueueWindow, plan
 from qcluster.policy import QueuePolicy
 
 QUEUES, HOSTS, SLOTS = 150, 40, 3500

@@ -64,7 +64,7 @@ def slot_drain(jobs: int, *, keep_s: float, fail: bool = False) -> float:
             pass
         used = time.process_time() - cpu_before + _redis_cpu_s(server) - redis_before
     finally:
-        broker.delete_queue(queue)  # type: ignore[attr-defined]
+        broker.delete_queue(queue)
         broker.close()
     return used / jobs * 1e6
 
@@ -88,7 +88,7 @@ def settle_errors(jobs: int, *, with_errors: bool) -> float:
                                             errors=errors))
         used = time.process_time() - cpu_before + _redis_cpu_s(server) - redis_before
     finally:
-        broker.delete_queue(queue)  # type: ignore[attr-defined]
+        broker.delete_queue(queue)
         broker.close()
     return used / jobs * 1e6
 
@@ -121,7 +121,7 @@ def broker_path(jobs: int, *, keep_s: float) -> float:
                                            max_jobs=BATCH, lock_timeout_s=60)
         used = time.process_time() - cpu_before + _redis_cpu_s(server) - redis_before
     finally:
-        broker.delete_queue(queue)  # type: ignore[attr-defined]
+        broker.delete_queue(queue)
         broker.close()
     return used / jobs * 1e6
 

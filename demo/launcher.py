@@ -84,26 +84,16 @@ def demo(
     """A small cluster on the embedded broker with the admin UI, until Ctrl-C."""
     from qcluster.broker.embedded import ensure_server
     from qcluster.broker.embedded_life import hold, release
-    from qcluster.client import Client
 
     state_dir = state_dir.resolve()
     hold(state_dir)  # the demo is the broker's last user: it stops it on the way out
     ensure_server(state_dir)
-    env = dict(os.environ, QCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=os.pathsep.join(
-        [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    env.pop("QCLUSTER_BROKER_URL", None)
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     admin = f"http://127.0.0.1:{port}/"
     recording = state_dir / RECORDING
     recording.unlink(missing_ok=True)  # this run only: the manager appends to the file
-    children = [_spawn(["manager", "--listen", f"127.0.0.1:{port}", "--interval", "2",
-                        "--record", str(recording)], logs / "manager.log", env)]
-    for index, host in enumerate(("demo-a", "demo-b")):
-        children.append(_spawn(
-            ["master", "--app", "examples.app", "--manager", admin.rstrip("/"),
-             "--host-name", host, "--listen", f"127.0.0.1:{port + 1 + index}"],
-            logs / f"master-{host}.log", env))
+    children = _spawn_cluster(port, recording, logs, _child_env(state_dir))
     stop = {"now": False}
     signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
@@ -111,26 +101,8 @@ def demo(
     out.print(f"[bold green]qcluster demo[/]: admin UI at [link={link}]{link}[/link]  "
               + ("(a one-time login: its buttons work; " if link != admin else "(")
               + f"logs in {logs}; Ctrl-C stops)", soft_wrap=True)
-    started = time.monotonic()
-    sent = 0
-    feed = Feed(arrival_rates)
     try:
-        with Client(f"embedded://{state_dir}") as client:
-            next_print = 0.0
-            while not stop["now"]:
-                t = time.monotonic() - started
-                if duration is not None and t >= duration:
-                    break
-                for queue, count in feed.due(t).items():
-                    client.enqueue_many(queue, [payload(queue, sent + i) for i in range(count)])
-                    sent += count
-                if t >= next_print:
-                    next_print = t + 5
-                    out.print(f"[dim]{t:5.0f}s[/] enqueued {sent:,} | {_summary(admin)}")
-                    if any(child.poll() is not None for child in children):
-                        out.print("[red]a child process exited; see the logs[/]")
-                        break
-                time.sleep(max(0.0, TICK_S - (time.monotonic() - started - t)))
+        sent = _feed_load(state_dir, admin, children, duration, stop)
     finally:
         _stop_all(children)
         release(state_dir)
@@ -138,6 +110,57 @@ def demo(
     if recording.exists():
         out.print(f"the manager recorded this run in {recording}; replay it with\n"
                   f"  qcluster simulate --trace {recording}", soft_wrap=True)
+
+
+def _child_env(state_dir: Path) -> dict[str, str]:
+    """The children's environment: the demo's embedded broker, and the current directory
+    importable (the example app)."""
+    env = dict(os.environ, QCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=os.pathsep.join(
+        [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    env.pop("QCLUSTER_BROKER_URL", None)
+    return env
+
+
+def _spawn_cluster(port: int, recording: Path, logs: Path,
+                   env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    """A manager on ``port`` recording its rounds, and two masters on the ports after it."""
+    admin = f"http://127.0.0.1:{port}"
+    children = [_spawn(["manager", "--listen", f"127.0.0.1:{port}", "--interval", "2",
+                        "--record", str(recording)], logs / "manager.log", env)]
+    for index, host in enumerate(("demo-a", "demo-b")):
+        children.append(_spawn(
+            ["master", "--app", "examples.app", "--manager", admin,
+             "--host-name", host, "--listen", f"127.0.0.1:{port + 1 + index}"],
+            logs / f"master-{host}.log", env))
+    return children
+
+
+def _feed_load(state_dir: Path, admin: str, children: list[subprocess.Popen[bytes]],
+               duration: float | None, stop: dict[str, bool]) -> int:
+    """Enqueue the demo's load until stopped, ``duration`` is over or a child exits,
+    printing a summary every 5 s; the jobs enqueued."""
+    from qcluster.client import Client
+
+    started = time.monotonic()
+    sent = 0
+    feed = Feed(arrival_rates)
+    with Client(f"embedded://{state_dir}") as client:
+        next_print = 0.0
+        while not stop["now"]:
+            t = time.monotonic() - started
+            if duration is not None and t >= duration:
+                break
+            for queue, count in feed.due(t).items():
+                client.enqueue_many(queue, [payload(queue, sent + i) for i in range(count)])
+                sent += count
+            if t >= next_print:
+                next_print = t + 5
+                out.print(f"[dim]{t:5.0f}s[/] enqueued {sent:,} | {_summary(admin)}")
+                if any(child.poll() is not None for child in children):
+                    out.print("[red]a child process exited; see the logs[/]")
+                    break
+            time.sleep(max(0.0, TICK_S - (time.monotonic() - started - t)))
+    return sent
 
 
 def _login_link(admin: str, configured: str | None, state_dir: Path,

@@ -21,7 +21,7 @@ from qcluster.manager.state import ClusterState
 from qcluster.messages import UndeclaredQueueView
 
 #: The service's name in the log, as before the service was split.
-logger = logging.getLogger("qcluster.manager.service")
+logger = logging.getLogger(__name__)
 #: How often the planning loop re-reads the broker's durability and its undeclared queues:
 #: a round trip per broker queue, not worth paying every round or on every page load.
 BROKER_CHECK_INTERVAL_S = 60.0
@@ -135,7 +135,7 @@ class BrokerWatch:
         read again, so an enqueue to a queue no app declares shows at the next round with
         its current count, not after BROKER_CHECK_INTERVAL_S. While there is nothing to
         show this costs one listing a round (Redis: one SMEMBERS)."""
-        if getattr(self.broker, "cluster", False):
+        if self.broker.kind() == "redis-cluster":
             return  # a Redis Cluster lists its queues by scanning every master: 60 s it is
         with self.lock:
             declared = set(self.state.policies(self.clock()))

@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
@@ -26,6 +26,13 @@ from qcluster.cluster_identity import claim
 from qcluster.config import ManagerSettings, Settings
 from qcluster.errors import ConfigError
 from qcluster.local_token import LOCAL_TOKEN_NAME, ensure_local_token, token_path
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from qcluster.broker.base import Broker
+    from qcluster.manager.service import ManagerService
+    from qcluster.messages import ClusterClaim
 
 logger = logging.getLogger("qcluster.manager")
 
@@ -69,27 +76,13 @@ def manager(
     """Plan slots per queue and host from backlog and throughput; serve the API and admin UI."""
     import uvicorn
 
-    from qcluster.manager.api import create_app
-    from qcluster.manager.learned_periodic import LearnedPeriodic
-    from qcluster.manager.periodic import app_for_periodic
-    from qcluster.manager.recorder import recorder_for
-    from qcluster.manager.service import ManagerService
-    from qcluster.manager.serving import uvicorn_options
-    from qcluster.manager.state import ClusterState
+    from qcluster.manager.api.serving import uvicorn_options
     from qcluster.security import check_server_security, parse_listen
 
     setup_logging(log_level)
     settings = settings_for(config, broker_url=broker)
     with user_errors():
-        overrides: dict[str, object] = {}
-        if listen:
-            overrides["listen"] = listen
-        if interval is not None:
-            overrides["interval_s"] = interval
-        if record:
-            overrides["record"] = record
-        settings = settings.model_copy(
-            update={"manager": validated_manager_settings(settings, overrides)})
+        settings = _with_flags(settings, listen=listen, interval=interval, record=record)
         address = parse_listen(settings.manager.listen)
         check_server_security(address, settings.token, role="manager")
         check_named_tokens(settings)
@@ -97,17 +90,9 @@ def manager(
         broker_conn = open_configured_broker(settings)
         announce_broker(settings, "manager")  # once it opened: a refusal stays one line
         identity = claim(broker_conn)
-        recorder = recorder_for(settings.manager, started_at=time.time())
         local = _local_token(settings, address.loopback)
-        service = ManagerService(ClusterState(settings), broker_conn, settings.token,
-                                 recorder=recorder,
-                                 tokens={LOCAL_TOKEN_NAME: local} if local else None)
-        application = app_for_periodic(settings)
-        service.learned = LearnedPeriodic(
-            service, settings, application.periodic_jobs if application else None)
-        app = create_app(service, loopback=address.loopback)
-        app.state.cluster = identity  # masters on another broker are refused (api_reports)
-        app.state.local_token_only = local is not None
+        service = _service(settings, broker_conn, local)
+        app = _app(service, address.loopback, identity, local_token_only=local is not None)
     logger.info("manager on http://%s/ (admin UI), broker %s (cluster %s)", address,
                 broker_conn.safe_url, identity.id[:8] if identity else "unknown")
     # uvicorn re-raises the SIGTERM it caught once it has shut down: with the default
@@ -115,11 +100,56 @@ def manager(
     # embedded broker's last user stops it (embedded_life, at exit). Exit 0 instead.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        # a deadline on each request's head, a bound on concurrency (manager/serving.py)
+        # a deadline on each request's head, a bound on concurrency (manager/api/serving.py)
         uvicorn.run(app, host=address.host, port=address.port, **uvicorn_options())
     finally:
         service.stop()  # the lifespan stopped it already, unless the server never started
         broker_conn.close()
+
+
+def _with_flags(settings: Settings, *, listen: str | None, interval: float | None,
+                record: Path | None) -> Settings:
+    """The settings with the command-line flags given applied to ``[manager]``."""
+    overrides: dict[str, object] = {}
+    if listen:
+        overrides["listen"] = listen
+    if interval is not None:
+        overrides["interval_s"] = interval
+    if record:
+        overrides["record"] = record
+    return settings.model_copy(
+        update={"manager": validated_manager_settings(settings, overrides)})
+
+
+def _service(settings: Settings, broker_conn: Broker, local: str | None) -> ManagerService:
+    """The service on its state and broker, with its recorder, the local token when
+    there is one, and the periodic jobs it learns from the reports."""
+    from qcluster.manager.planning.learned_periodic import LearnedPeriodic
+    from qcluster.manager.planning.periodic import app_for_periodic
+    from qcluster.manager.planning.recorder import recorder_for
+    from qcluster.manager.service import ManagerService
+    from qcluster.manager.state import ClusterState
+
+    recorder = recorder_for(settings.manager, started_at=time.time())
+    service = ManagerService(ClusterState(settings), broker_conn, settings.token,
+                             recorder=recorder,
+                             tokens={LOCAL_TOKEN_NAME: local} if local else None)
+    application = app_for_periodic(settings)
+    service.learned = LearnedPeriodic(
+        service, settings, application.periodic_jobs if application else None)
+    return service
+
+
+def _app(service: ManagerService, loopback: bool, identity: ClusterClaim | None, *,
+         local_token_only: bool) -> FastAPI:
+    """The HTTP app on the service, knowing the cluster's identity and whether the local
+    token is the only one."""
+    from qcluster.manager.api.app import create_app
+
+    app = create_app(service, loopback=loopback)
+    app.state.cluster = identity  # masters on another broker are refused (api/reports.py)
+    app.state.local_token_only = local_token_only
+    return app
 
 
 def _local_token(settings: Settings, loopback: bool) -> str | None:

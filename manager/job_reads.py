@@ -26,13 +26,8 @@ class JobReadsBusy(BrokerError):
 def reader_for(broker: Broker) -> Broker:
     """The broker the job reads use: RabbitMQ, a connection of its own (a kombu connection
     serves one thread at a time); the Redis backends, the same broker (its client keeps a
-    pool: each thread gets a connection of its own)."""
-    from qcluster.broker.kombu_broker import KombuBroker
-
-    if isinstance(broker, KombuBroker):
-        return KombuBroker(broker.url, max_retries=broker.max_retries,
-                           confirm_timeout_s=broker.confirm_timeout_s)
-    return broker
+    pool: each thread gets a connection of its own). See :meth:`Broker.reader`."""
+    return broker.reader()
 
 
 class JobReads:

@@ -1,5 +1,5 @@
-"""The manager's service: what the HTTP routes (``manager/api.py``), the admin pages and
-the masters' reports call, on top of the planning loop (``manager/round_loop.py``: the
+"""The manager's service: what the HTTP routes (``manager/api/app.py``), the admin pages and
+the masters' reports call, on top of the planning loop (``manager/planning/round_loop.py``: the
 state, the broker and their locks; a round every ``interval_s``, observe -> decide -> act).
 
 Started and stopped by the FastAPI lifespan (``create_app``).
@@ -17,15 +17,26 @@ from qcluster.broker.health import BrokerHealth
 from qcluster.controls import UNNAMED_TOKEN, Control
 from qcluster.jobs import JobInfo, JobPage
 from qcluster.manager.broker_watch import BROKER_CHECK_INTERVAL_S
-from qcluster.manager.controls import ControlStore
-from qcluster.manager.job_reads import JobReads
-from qcluster.manager.periodic import PeriodicJobView
-from qcluster.manager.recorder import Recorder
-from qcluster.manager.reload_driver import ReloadRefused
-from qcluster.manager.round_loop import STOP_WAIT_S, RoundLoop
+from qcluster.manager.controls.store import ControlStore
+from qcluster.manager.held_lookup import HeldLookup, LookupsBusy
+from qcluster.manager.job_reads import JobReads, JobReadsBusy
+from qcluster.manager.planning.periodic import PeriodicJobView
+from qcluster.manager.planning.recorder import Recorder
+from qcluster.manager.planning.round_loop import STOP_WAIT_S, RoundLoop
+from qcluster.manager.reloads.driver import ReloadRefused
 from qcluster.manager.state import ClusterState
 from qcluster.manager.views import QueueRows, cluster_view, queue_rows_key, queue_views
-from qcluster.messages import Assignment, ClusterView, HistoryPoint, HostReport
+from qcluster.messages import (
+    FINDS_JOBS_SINCE,
+    Assignment,
+    ClusterView,
+    HistoryPoint,
+    HostReport,
+)
+
+#: The longest a lookup waits for the masters' answers (two report intervals and a second
+#: otherwise): a client's request must not outlast its own timeout.
+MAX_LOOKUP_WAIT_S = 10.0
 
 __all__ = ["BROKER_CHECK_INTERVAL_S", "STOP_WAIT_S", "ManagerService", "ReloadRefused"]
 
@@ -50,13 +61,36 @@ class ManagerService(RoundLoop):
         """The masters' ``@app.periodic`` declarations (manager/learned_periodic.py)."""
         self.job_reads = JobReads(lambda: self.broker)
         """Job lookups and pages: off ``broker_lock`` (manager/job_reads.py)."""
+        self.holders = HeldLookup()
+        """Jobs looked up that the broker cannot place, asked of the masters."""
 
     # --- commands: the routes' and the masters' ------------------------------------
 
     def receive(self, report: HostReport) -> Assignment:
         """A master's report; the reply is its row of the slot map."""
         with self.lock:
-            return self.state.receive(report, self.clock())
+            assignment = self.state.receive(report, self.clock())
+        return self._asking(report, assignment)
+
+    def try_receive(self, report: HostReport) -> Assignment | None:
+        """``receive`` if the state lock is free at once; None (nothing stored) if another
+        thread holds it: the event loop never waits for the lock, a pool thread does."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            assignment = self.state.receive(report, self.clock())
+        finally:
+            self.lock.release()
+        return self._asking(report, assignment)
+
+    def _asking(self, report: HostReport, assignment: Assignment) -> Assignment:
+        """The report's answers to the job lookups recorded, and the reply naming the jobs
+        the lookups still want found (manager/held_lookup.py), to masters that answer."""
+        self.holders.answered(report.host, report.searched, report.held)
+        if report.schema_version < FINDS_JOBS_SINCE:
+            return assignment  # an older master refuses a reply with fields it does not know
+        wanted = self.holders.wanted()
+        return assignment.model_copy(update={"find_jobs": wanted}) if wanted else assignment
 
     def pause(self, queue: str, by: str = UNNAMED_TOKEN) -> Control:
         """Plan no slot for the queue until it is resumed (from the next round); kept in
@@ -81,7 +115,7 @@ class ManagerService(RoundLoop):
 
     @property
     def control_store(self) -> ControlStore:
-        """Pause and drain, kept in the broker (``manager/controls.py``)."""
+        """Pause and drain, kept in the broker (``manager/controls/store.py``)."""
         return self.desk.store
 
     @control_store.setter
@@ -127,19 +161,44 @@ class ManagerService(RoundLoop):
         with self.broker_lock:
             return self.broker.requeue_dead(queue)
 
-    # --- JobSource (admin_ui.source): the broker calls of the job routes (api_jobs) ---
+    # --- JobSource (admin_ui.source): the broker calls of the job routes (api/jobs.py) ---
 
     def find_job(self, job_id: str) -> JobInfo | None:
         """Where the job is; a running one with the host and slot holding it."""
-        from qcluster.manager.api_jobs import known_queues, placed
+        from qcluster.manager.api.jobs import known_queues, placed
 
         queues = known_queues(self)
         found = self.job_reads.read(lambda broker: broker.job(job_id, queues=queues))
+        if found is not None and found.state == "unknown":
+            return self._held_by_a_slot(found)
         return None if found is None else placed(self, [found])[0]
+
+    def _held_by_a_slot(self, unknown: JobInfo) -> JobInfo:
+        """A job the broker cannot place, as the masters answer: running on the slot that
+        holds it, or still unknown (waiting in its queue, or finished) with why."""
+        with self.lock:
+            hosts = {name: entry for name, entry in self.state.reporting_hosts(
+                self.clock()).items() if entry.report.schema_version >= FINDS_JOBS_SINCE}
+            wait_s = 2 * max((e.report.interval_s for e in hosts.values()), default=0) + 1
+        if not hosts:
+            return unknown
+        try:
+            found = self.holders.find(unknown.id, hosts, min(wait_s, MAX_LOOKUP_WAIT_S))
+        except LookupsBusy as exc:
+            raise JobReadsBusy(str(exc)) from None
+        if found.host is None or found.job is None:
+            asked = (f"{found.answered} of the {found.asked} reporting masters answered: "
+                     "none of their slots holds it now")
+            return unknown.model_copy(update={"note": f"{unknown.note} ({asked})"})
+        job = found.job
+        return JobInfo(id=job.id, queue=job.queue, state="running", since=job.taken_at,
+                       started_at=job.taken_at, attempts=job.attempts, host=found.host,
+                       slot=f"{job.queue}-{job.slot_no}",
+                       note=None if job.started else "taken, waiting its turn in its batch")
 
     def job_page(self, queue: str, state: str, offset: int, limit: int) -> JobPage:
         """A page of the queue's jobs; running ones with their host, slot and start."""
-        from qcluster.manager.api_jobs import placed
+        from qcluster.manager.api.jobs import placed
 
         page = self.job_reads.read(
             lambda broker: broker.job_page(queue, state, offset=offset, limit=limit))

@@ -1,7 +1,7 @@
 """The manager's memory: latest report per host, a window of counters, broker stats,
 the slot map, the decision log and each queue's last hour. Nothing is persisted here: a
 restarted manager rebuilds the current map from the next reports, and reads the pauses and
-drains back from the broker, where the service keeps them (``manager/controls.py``).
+drains back from the broker, where the service keeps them (``manager/controls/store.py``).
 
 Plain data, no lock and no I/O: the service (``manager/service.py``) serialises every
 access under its lock. Time is passed in (``now`` = wall-clock seconds), so rounds can be
@@ -13,18 +13,18 @@ The views are built from a :class:`Snapshot` by ``manager/views.py``.
 from __future__ import annotations
 
 import math
-from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from qcluster.broker.base import QueueStats
 from qcluster.config import Settings
 from qcluster.controls import Control, ControlKind
-from qcluster.manager.arrivals import ArrivalCount, ArrivalLedger, unreported
-from qcluster.manager.planning import QueueInput, QueuePlan, QueueWindow
-from qcluster.manager.reloads import Advanced, HostSeen, ReloadBook
-from qcluster.manager.rounds import RoundInput, RoundResult, decide
+from qcluster.manager.history import HISTORY_S, HISTORY_SPARE, HistoryRing
+from qcluster.manager.planning.arrivals import ArrivalCount, ArrivalLedger, unreported
+from qcluster.manager.planning.plan import QueueInput, QueuePlan, QueueWindow
+from qcluster.manager.planning.rounds import RoundInput, RoundResult, decide
+from qcluster.manager.reloads.rollout import Advanced, HostSeen, ReloadBook
 from qcluster.messages import (
     Assignment,
     DecisionView,
@@ -34,7 +34,6 @@ from qcluster.messages import (
 )
 from qcluster.policy import QueuePolicy
 
-HISTORY_S = 3600.0
 #: A host is never declared dead sooner than this: a busy machine delays a report or two.
 MIN_EXPIRY_S = 5.0
 #: A host's latest report older than this many intervals adds nothing to the jobs a round
@@ -59,72 +58,6 @@ class Sample:
     covers_s: float
     """The report interval these counters were counted over (they end at ``at``)."""
     host: str = ""
-
-
-class HistoryRing:
-    """A queue's history points of the last HISTORY_S, as six floats each in one array
-    allocated whole at the queue's first point: its memory is fixed from then on (a deque
-    of HistoryPoint models grew for the whole first hour, ~0.3 MiB a minute in the L4
-    soak, and held about ten times as much). Points are built when read. Holds
-    ``capacity`` points: at most an hour at the round interval it was sized for."""
-
-    _WIDTH = 6  # at, backlog, slots_planned, slots_current, load (NaN: None), rate_out
-
-    def __init__(self) -> None:
-        self._columns = array("d")
-        self._start = 0
-        self._len = 0
-
-    @property
-    def capacity(self) -> int:
-        return len(self._columns) // self._WIDTH
-
-    def __len__(self) -> int:
-        return self._len
-
-    def append(self, point: HistoryPoint, *, capacity: int) -> None:
-        if not self._columns:
-            self._columns = array("d", bytes(8 * self._WIDTH * max(1, capacity)))
-        if self._len == self.capacity:  # full: the oldest point goes
-            self._start = (self._start + 1) % self.capacity
-            self._len -= 1
-        at = (self._start + self._len) % self.capacity * self._WIDTH
-        load = math.nan if point.load is None else point.load
-        self._columns[at : at + self._WIDTH] = array("d", (
-            point.at, point.backlog, point.slots_planned, point.slots_current, load,
-            point.rate_out))
-        self._len += 1
-
-    def drop_before(self, cutoff: float) -> None:
-        while self._len and self._columns[self._start * self._WIDTH] < cutoff:
-            self._start = (self._start + 1) % self.capacity
-            self._len -= 1
-
-    def __iter__(self) -> Iterator[HistoryPoint]:
-        return self._points()
-
-    def since(self, cutoff: float) -> tuple[HistoryPoint, ...]:
-        """The points at or after ``cutoff``, oldest first: only those are built (the
-        views read the window's few points out of an hour's, for every queue)."""
-        columns, width, skip = self._columns, self._WIDTH, self._len
-        while skip and columns[(self._start + skip - 1) % self.capacity * width] >= cutoff:
-            skip -= 1
-        return tuple(self._points(skip))
-
-    def _points(self, first: int = 0) -> Iterator[HistoryPoint]:
-        columns, width = self._columns, self._WIDTH
-        for n in range(first, self._len):
-            at = (self._start + n) % self.capacity * width
-            when, backlog, planned, current, load, rate = columns[at : at + width]
-            yield HistoryPoint.model_construct(  # the values were validated when added
-                at=when, backlog=int(backlog), slots_planned=int(planned),
-                slots_current=int(current), load=None if math.isnan(load) else load,
-                rate_out=rate)
-
-
-#: Spare room in a queue's HistoryRing beyond an hour of rounds (a late round, a restart
-#: of the loop).
-HISTORY_SPARE = 16
 
 
 @dataclass
@@ -157,7 +90,8 @@ class QueueObservation:
 
 @dataclass(frozen=True)
 class RoundObservation:
-    """What the manager knew at one planning round (``manager.recorder`` writes it down)."""
+    """What the manager knew at one planning round (``manager.planning.recorder`` writes
+    it down)."""
 
     hosts: dict[str, tuple[int, bool]]
     """host -> (capacity in slots, alive)."""
@@ -177,8 +111,9 @@ class QueueSnapshot:
     """Slots running on the live hosts."""
     samples: tuple[Sample, ...]
     """The reports' counters within the window."""
-    history: tuple[HistoryPoint, ...]
-    """The round points within the window, oldest first."""
+    history: Sequence[HistoryPoint]
+    """The round points within the window, oldest first (a HistoryWindow: built when
+    read, outside the state lock)."""
     paused: bool
 
 
@@ -225,13 +160,13 @@ class ClusterState:
         self.drained: set[str] = set()
         self.controls: dict[str, Control] = {}
         """The pauses and drains in force with who/when, as the broker last said
-        (``manager/controls.py``); ``paused`` and ``drained`` follow them."""
+        (``manager/controls/store.py``); ``paused`` and ``drained`` follow them."""
         self.planned_once = False
         self.undeclared: list[UndeclaredQueueView] = []
         self.durability: list[str] = []
         self.reloads = ReloadBook()
         """The reload id each host is sent and the current or last rollout
-        (``manager/reloads.py``); forgotten on a restart, so every host is sent ""."""
+        (``manager/reloads/rollout.py``); forgotten on a restart, so every host is sent ""."""
 
     # --- input -----------------------------------------------------------------
 
@@ -298,7 +233,7 @@ class ClusterState:
         }
 
     def hosts_seen(self, now: float) -> dict[str, HostSeen]:
-        """Every known host's code as a rollout reads it (``manager/reloads.py``)."""
+        """Every known host's code as a rollout reads it (``manager/reloads/rollout.py``)."""
         reporting = self.reporting_hosts(now)
         return {name: HostSeen(reporting=name in reporting, code=entry.report.code)
                 for name, entry in self.hosts.items()}
@@ -369,7 +304,8 @@ class ClusterState:
     # --- one planning round ------------------------------------------------------
 
     def round_input(self, now: float) -> RoundInput:
-        """What the round plans from (observe); :func:`manager.rounds.decide` is the rest."""
+        """What the round plans from (observe); :func:`manager.planning.rounds.decide` is
+        the rest."""
         alive = self.alive_hosts(now)
         running = self.running(alive)
         policies = self.policies(now)
@@ -388,16 +324,33 @@ class ClusterState:
             target_utilization=self.cfg.target_utilization,
         )
 
-    def apply(self, result: RoundResult) -> None:
+    def frozen(self) -> ClusterState:
+        """A copy to read outside the service's lock (the round's input, its history
+        rates): the containers that reports change in place are copied; the rest is
+        replaced whole when it changes (the plans, the slot map, the controls) or is not
+        read from the copy."""
+        copy = object.__new__(ClusterState)
+        copy.__dict__.update(self.__dict__)
+        copy.hosts, copy.stats = dict(self.hosts), dict(self.stats)
+        copy.tracks = {name: replace(track, samples=deque(track.samples))
+                       for name, track in self.tracks.items()}
+        return copy
+
+    def rates_out(self, queues: Iterable[str], now: float) -> dict[str, float]:
+        """Each queue's jobs/s out over its held samples, as its history point shows it."""
+        return {name: rate_out(self.held(name, now)) for name in queues}
+
+    def apply(self, result: RoundResult, rates: Mapping[str, float] | None = None) -> None:
         """Publish the round's plan (the next replies carry it), log its decisions and add
-        a history point per queue."""
+        a history point per queue (``rates``: each one's rate out, when computed outside
+        the lock from a :meth:`frozen` copy)."""
         if result.slot_map != self.slot_map:
             self.generation += 1
         self.rounds += 1
         self.slot_map, self.plans, self.planned_once = result.slot_map, result.plans, True
         for decision in result.decisions:
             self.decisions.appendleft(decision)
-        self._record_history(result.now)
+        self._record_history(result.now, rates)
 
     def prune(self, now: float) -> None:
         """Drop samples older than the window (the round does it; reads only skip them)."""
@@ -409,7 +362,7 @@ class ClusterState:
     def count_arrivals(self, now: float) -> None:
         """Each queue's jobs arrived since the previous round (once per round, after the
         broker's stats were set): the rise of the jobs in the broker (ready + locked) plus
-        the jobs settled in every report received (``manager/arrivals.py``)."""
+        the jobs settled in every report received (``manager/planning/arrivals.py``)."""
         recent = now - RECENT_INTERVALS * self.cfg.interval_s
         for name in self.policies(now):
             track = self.tracks.setdefault(name, QueueTrack())
@@ -434,13 +387,15 @@ class ClusterState:
         self.apply(result)
         return result.decisions
 
-    def _record_history(self, now: float) -> None:
+    def _record_history(self, now: float, rates: Mapping[str, float] | None) -> None:
+        if rates is None:
+            rates = self.rates_out(self.plans, now)
         for name, queue_plan in self.plans.items():
             track = self.tracks.setdefault(name, QueueTrack())
             track.history.append(HistoryPoint(
                 at=now, backlog=queue_plan.backlog, slots_planned=queue_plan.planned,
                 slots_current=queue_plan.current, load=defined(queue_plan.load),
-                rate_out=rate_out(self.held(name, now)),
+                rate_out=rates.get(name, 0.0),
             ), capacity=self.history_capacity())
             track.history.drop_before(now - HISTORY_S)
 
@@ -470,7 +425,10 @@ class ClusterState:
         """A copy of what the API and the admin page show (``manager.views`` builds them);
         without the queues (``queues_too=False``: the views hold this round's rows)."""
         alive = self.alive_hosts(now)
-        running = self.running(alive)
+        running: dict[str, int] = {}
+        for row in self.running(alive).values():  # once, not once per queue
+            for queue, slots in row.items():
+                running[queue] = running.get(queue, 0) + slots
         cutoff = now - self.cfg.window_s
         queues = []
         for name, policy in sorted(self.policies(now).items() if queues_too else ()):
@@ -478,7 +436,7 @@ class ClusterState:
             queues.append(QueueSnapshot(
                 name=name, policy=policy, stats=self.stats.get(name, QueueStats()),
                 plan=self.plans.get(name),
-                running=sum(row.get(name, 0) for row in running.values()),
+                running=running.get(name, 0),
                 samples=tuple(self.held(name, now)),
                 history=track.history.since(cutoff),
                 paused=name in self.paused,

@@ -15,13 +15,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from qcluster.broker import mask_url
+from qcluster.broker import mask_url, parse_broker_url
+from qcluster.errors import ConfigError
 
-DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "amqp": 5672, "pyamqp": 5672, "amqps": 5671}
-UNIX_SCHEMES = ("redis+socket", "unix")
-HA_SCHEMES = ("redis+sentinel://", "redis+cluster://")
 CHECK_TIMEOUT_S = 1.0
 CACHE_S = 1.0
 Address = tuple[int, str | tuple[str, int]]
@@ -29,42 +26,31 @@ Address = tuple[int, str | tuple[str, int]]
 
 
 def broker_addresses(url: str | None, state_dir: Path) -> list[Address]:
-    """Where each of the broker URLs (``;``-separated, or none: embedded) listens."""
-    addresses: list[Address] = []
-    for one in filter(None, (u.strip() for u in (url or "embedded").split(";"))):
-        if one == "embedded" or one.startswith("embedded://"):
-            from qcluster.broker.embedded import socket_path
+    """Where the broker URL (unset: embedded) listens: each host of a RabbitMQ failover
+    list, any node of a Redis Cluster or any Sentinel (reaching one is reaching the
+    broker's way in: the master is whichever they name), or a unix socket.
 
-            addresses.append((socket.AF_UNIX, str(socket_path(state_dir))))
-            continue
-        if one.startswith(HA_SCHEMES):  # a host list: any node (or Sentinel) answering
-            addresses.extend(_ha_addresses(one))
-            continue
-        parts = urlsplit(one)
-        if parts.scheme in UNIX_SCHEMES:
-            addresses.append((socket.AF_UNIX, parts.path))
-        elif parts.hostname:
-            port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
-            family = socket.AF_INET6 if ":" in parts.hostname else socket.AF_INET
-            addresses.append((family, (parts.hostname, port)))
+    Raises:
+        ValueError: the URL is refused (one line, as the slots will say it).
+    """
+    try:
+        parsed = parse_broker_url(url)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if parsed.kind == "embedded":
+        from qcluster.broker.embedded import socket_path
+
+        where = Path(parsed.state_dir) if parsed.state_dir else state_dir
+        return [(socket.AF_UNIX, str(socket_path(where)))]
+    addresses: list[Address] = []
+    if parsed.socket_path is not None:
+        addresses.append((socket.AF_UNIX, parsed.socket_path))
+    addresses += [(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))
+                  for host, port in parsed.hosts]
     return addresses
 
 
-def _ha_addresses(url: str) -> list[Address]:
-    """The nodes of a Redis Cluster URL, or the Sentinels of a Sentinel one (the master is
-    whichever they name: reaching one of them is reaching the broker's way in)."""
-    from qcluster.broker.redis_ha import parse_ha_url
-    from qcluster.errors import ConfigError
-
-    try:
-        parsed = parse_ha_url(url)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    return [(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))
-            for host, port in parsed.hosts]
-
-
-class BrokerHealth:
+class BrokerConnectCheck:
     def __init__(self, url: str | None, state_dir: Path, fork_lock: threading.Lock,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url

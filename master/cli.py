@@ -30,6 +30,7 @@ from qcluster.errors import ConfigError
 from qcluster.messages import ClusterClaim
 from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import ListenAddress, is_decimal
+from qcluster.slot.prefork import prepare_slots
 
 if TYPE_CHECKING:
     from qcluster.master.supervisor import Supervisor
@@ -158,7 +159,7 @@ def _prepare(settings: Settings, slots: str | None, host_name: str | None, liste
     application = load_app_checked(settings.app).with_overrides(settings.queues)
     for queue in row or ():
         application.spec(queue)
-    preimport_for_slots(settings.broker_url, metrics_on)
+    prepare_slots(settings.broker_url, metrics_on)
     claim = check_broker(settings)
     announce_broker(settings, "master")  # once it answered: a refusal stays one line
     # A reload's template imports the app as here, re-reading the same configuration.
@@ -214,27 +215,15 @@ def check_manager_broker(manager_url: str, mine: ClusterClaim | None, host: str)
         raise WrongBroker(refusal)
 
 
-def preimport_for_slots(broker_url: str | None, metrics_on: bool) -> None:
-    """Import what every slot would import after the fork, so it is shared copy-on-write
-    instead of private in each slot: the broker backend and the slot-side metrics."""
-    import importlib
-
-    from qcluster.broker import backend_module
-
-    importlib.import_module(backend_module(broker_url))
-    if metrics_on:
-        importlib.import_module("prometheus_client")
-        importlib.import_module("prometheus_client.multiprocess")
-
-
 def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None,
          cluster: ClusterClaim | None = None) -> int:
-    from qcluster.master.broker_health import BrokerHealth
+    from qcluster.master.broker_health import BrokerConnectCheck
     from qcluster.master.http import serve
     from qcluster.master.reporter import Reporter
 
     settings = supervisor.settings
-    health = BrokerHealth(settings.broker_url, settings.state_dir, supervisor.effects.fork_lock)
+    health = BrokerConnectCheck(settings.broker_url, settings.state_dir,
+                                supervisor.effects.fork_lock)
     server = serve(listen, lambda: supervisor.snapshot, supervisor.host_name, health.status,
                    token=settings.token)
     supervisor.extra_fds.append(server.socket.fileno())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import selectors
@@ -20,10 +21,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from qcluster import exitcodes
 from qcluster.channel import Channel, slot_channel_pair
 from qcluster.errors import AppImportError, BrokerError, ConfigError, HandlerNotFound
-from qcluster.messages import GiveBack, MasterToSlot, SlotToMaster
+from qcluster.messages import GiveBack, HeldJob, MasterToSlot, SlotToMaster
 
 if TYPE_CHECKING:
     from qcluster.master.template import Template, Tend
@@ -49,26 +52,54 @@ SlotMain = Callable[[str, int, Channel[MasterToSlot]], int]
 """What a forked slot runs: (queue, slot number, its channel end) -> exit code."""
 
 
+@functools.cache
+def prctl() -> Any:
+    """libc's ``prctl``, loaded once. The master loads it before it forks (it becomes a
+    subreaper; the template calls it too), so a slot calls the inherited function: a
+    ``ctypes.CDLL`` made in each slot would cost it some 200 KiB of private memory (a
+    new function-pointer class, and the shared pages its making touches)."""
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
 def set_parent_death_signal() -> None:
     """Ask the kernel to SIGKILL this process when its parent (the master) dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def set_process_name(name: str) -> None:
     """Name this process (at most 15 bytes) in /proc/PID/comm; the command line stays."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    prctl()(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def become_subreaper() -> None:
     """Orphaned descendants are reparented to this process instead of init: the slots a
     reload template double-forks become the master's children (it waits for them, and
     they die with it). Other orphans (a handler's daemon) are reaped and ignored."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if prctl()(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         logger.warning("PR_SET_CHILD_SUBREAPER failed (errno %d): reloaded slots would not "
                        "be this master's children", ctypes.get_errno())
+
+
+def become_slot(master_pid: int, queue: str, slot_no: int, close_inherited: Callable[[], None],
+                run: Callable[[], int]) -> int:
+    """In a new slot, forked by the master or by a reload template: die with the master,
+    take the slot's name and signal dispositions, close what it inherited but must not
+    hold (``close_inherited``), then ``run`` it; returns the exit code (an exception
+    becomes the code the master decodes it by)."""
+    set_parent_death_signal()
+    if os.getppid() != master_pid:  # the master died before prctl took effect
+        return exitcodes.FAILURE
+    set_process_name(SLOT_NAME)
+    signal.set_wakeup_fd(-1)  # (the master's wake-up socket is closed below)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal stops no batch
+    try:
+        close_inherited()
+        return int(run())
+    except Exception as exc:  # the exit code tells the master a boot error from a crash
+        logger.exception("slot %d (%s) failed", slot_no, queue)
+        return child_exit_code(exc)
 
 
 def child_exit_code(exc: BaseException) -> int:
@@ -153,6 +184,21 @@ class SlotChannels:
             receipt = channel.progress.receipt() if channel.progress is not None else None
             if receipt is not None:
                 found[pid] = receipt
+        return found
+
+    def held(self, wanted: set[str]) -> dict[int, list[HeldJob]]:
+        """Of ``wanted``, the jobs each slot's take holds now, by pid. Safe from another
+        thread than the loop's: it reads shared pages, and a take replaced meanwhile
+        answers nothing."""
+        found = {}
+        for pid, channel in list(self._channels.items()):
+            progress = channel.progress  # read once: the loop may close the channel meanwhile
+            try:
+                jobs = progress.find(wanted) if progress is not None else []
+            except (ValueError, ValidationError):  # closed, or written while read: skipped
+                continue
+            if jobs:
+                found[pid] = jobs
         return found
 
     def forget(self, pid: int) -> None:
@@ -247,23 +293,15 @@ class ProcessEffects:
                      channel: Channel[MasterToSlot], main: SlotMain) -> int:
         if channel.progress is not None:
             channel.progress.close_fd()
-        set_parent_death_signal()
-        if os.getppid() != master_pid:  # the master died before prctl took effect
-            return exitcodes.FAILURE
-        set_process_name(SLOT_NAME)
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal stops no batch
-        self.channels.close_in_child()
-        for fd in self.extra_fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        try:
-            return int(main(queue, slot_no, channel))
-        except Exception as exc:  # the exit code tells the master a boot error from a crash
-            logger.exception("slot %d (%s) failed", slot_no, queue)
-            return child_exit_code(exc)
+
+        def close_inherited() -> None:
+            self.channels.close_in_child()
+            for fd in self.extra_fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+        return become_slot(master_pid, queue, slot_no, close_inherited,
+                           lambda: main(queue, slot_no, channel))
 
     def signal(self, pid: int, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):

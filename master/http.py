@@ -30,11 +30,11 @@ from typing import Any
 from qcluster import metrics
 from qcluster.master.reload import RELOAD_RESULTS
 from qcluster.master.slots import RESTART_REASONS
-from qcluster.master.snapshot import Snapshot
+from qcluster.master.snapshot import SupervisorSnapshot
 from qcluster.metrics import MASTER_METRICS_HELP
 from qcluster.security import ListenAddress, bearer_token, host_header_is_loopback
 
-Getter = Callable[[], Snapshot]
+Getter = Callable[[], SupervisorSnapshot]
 
 #: Seconds a connection has to send a request's line + headers; also each read's and
 #: each answer's write timeout.
@@ -79,7 +79,7 @@ class MasterCollector:
         yield restarts
         yield from _code_metrics(snap)
 
-    def _per_slot(self, snap: Snapshot) -> Iterator[Any]:
+    def _per_slot(self, snap: SupervisorSnapshot) -> Iterator[Any]:
         labels = ["slot", "queue"]
         pss = _gauge("qcluster_slot_pss_bytes", labels=labels)
         dirty = _gauge("qcluster_slot_private_dirty_bytes", labels=labels)
@@ -92,7 +92,7 @@ class MasterCollector:
         yield from (pss, dirty, seen)
 
 
-def _code_metrics(snap: Snapshot) -> Iterator[Any]:
+def _code_metrics(snap: SupervisorSnapshot) -> Iterator[Any]:
     """The code the slots run, and reloads by result (master/reload.py)."""
     from prometheus_client.core import CounterMetricFamily
 
@@ -149,7 +149,7 @@ def _size(path: str) -> int:
         return 0  # removed since the glob: a slot that ended
 
 
-def host_json(snap: Snapshot) -> dict[str, Any]:
+def host_json(snap: SupervisorSnapshot) -> dict[str, Any]:
     sample = snap.sample
     return {
         "cpus": sample.cpus if sample else os.cpu_count(),

@@ -48,7 +48,7 @@ _GIVE_BACK_ORDER = {"idle": 0, "busy": 1, "starting": 2}
 if TYPE_CHECKING:
     from qcluster.master.template import Template
 
-logger = logging.getLogger("qcluster.master.supervisor")
+logger = logging.getLogger(__name__)
 #: Called with a slot that said hello; with one that ended, its restart reason and code.
 OnHello = Callable[[SlotRecord], None]
 OnEnded = Callable[[SlotRecord, RestartReason | None, int], None]

@@ -10,27 +10,35 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 
 import httpx
 import psutil
 
 from qcluster.master.supervisor import Supervisor
 from qcluster.messages import (
+    MAX_FIND_JOBS,
     Assignment,
     BatchCounters,
     ClusterClaim,
+    HeldJob,
     HostFacts,
     HostReport,
     QueueCounters,
+    SlotInfo,
 )
 
 logger = logging.getLogger(__name__)
+#: Left out of a report that answers no lookup: a manager older than job lookups through
+#: the masters refuses fields it does not know.
+_LOOKUP_FIELDS = {"searched", "held"}
 # httpx logs every request at INFO: one line per report (every 2 s) would bury the log.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def build_report(sup: Supervisor, interval_s: float, generation: int,
-                 cluster: ClusterClaim | None = None) -> HostReport:
+                 cluster: ClusterClaim | None = None,
+                 searched: Sequence[str] = ()) -> HostReport:
     snap = sup.snapshot
     sample = snap.sample
     now = time.time()
@@ -62,7 +70,19 @@ def build_report(sup: Supervisor, interval_s: float, generation: int,
         cluster=cluster,
         periodic=dict(sup.app.periodic_jobs),
         fatal={q: why[:2000] for q, why in snap.fatal.items()},
+        searched=list(searched),
+        held=held_jobs(sup, snap.slots, searched),
     )
+
+
+def held_jobs(sup: Supervisor, slots: Sequence[SlotInfo], searched: Sequence[str]) -> list[HeldJob]:
+    """Which of ``searched`` this host's slots hold now, each with its slot's number."""
+    if not searched:
+        return []
+    slot_of = {info.pid: info.slot_no for info in slots}
+    return [job.model_copy(update={"slot_no": slot_of[pid]})
+            for pid, jobs in sup.pool.channels.held(set(searched)).items() if pid in slot_of
+            for job in jobs][:MAX_FIND_JOBS]
 
 
 class Reporter:
@@ -80,6 +100,11 @@ class Reporter:
             self.headers["Authorization"] = f"Bearer {token}"
         self.generation = 0
         self.reachable = True
+        self.find_jobs: list[str] = []
+        """The jobs the manager's last reply asked about: every report says which of them
+        this host's slots hold."""
+        self._answer_now = False
+        self._last_failure = ""
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="master-reporter", daemon=True).start()
@@ -87,13 +112,22 @@ class Reporter:
     def _loop(self) -> None:
         with httpx.Client(timeout=5.0) as client:
             while not self.sup.stopping:
-                time.sleep(self.interval_s)
-                self.report_once(client)
+                if not self._answer_now:  # a lookup waits for this host's answer
+                    time.sleep(self.interval_s)
+                try:
+                    self.report_once(client)
+                except Exception as exc:  # a report that could not be made ends no report
+                    if repr(exc) != self._last_failure:
+                        logger.exception("a report to the manager could not be made")
+                    self._last_failure = repr(exc)
 
     def report_once(self, client: httpx.Client) -> None:
-        report = build_report(self.sup, self.interval_s, self.generation, self.cluster)
+        self._answer_now = False
+        report = build_report(self.sup, self.interval_s, self.generation, self.cluster,
+                              self.find_jobs)
         try:
-            response = client.post(self.url, content=report.model_dump_json(),
+            response = client.post(self.url, content=report.model_dump_json(
+                                       exclude=None if report.searched else _LOOKUP_FIELDS),
                                    headers=self.headers)
             response.raise_for_status()
             assignment = Assignment.model_validate_json(response.content)
@@ -111,6 +145,8 @@ class Reporter:
         self.interval_s = assignment.report_interval_s
         self.sup.set_row(assignment.row)
         self.sup.set_reload_id(assignment.reload_id)
+        self._answer_now = bool(set(assignment.find_jobs) - set(self.find_jobs))
+        self.find_jobs = assignment.find_jobs
 
     def _give_back(self, report: HostReport) -> None:
         """Counters of an undelivered report go into the next one."""

@@ -12,7 +12,7 @@ from qcluster.messages import CodeInfo, SlotInfo
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class SupervisorSnapshot:
     slots: list[SlotInfo] = field(default_factory=list)
     last_seen: dict[int, float] = field(default_factory=dict)
     """Slot number -> wall-clock unix seconds of its last message."""
@@ -32,7 +32,7 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class HostView:
+class HostReading:
     """The host side of a snapshot: the last probe and what it allows."""
 
     sample: HostSample | None
@@ -41,15 +41,15 @@ class HostView:
 
 
 def build_snapshot(
-    slots: Iterable[SlotRecord], host: HostView, *, restarts: dict[tuple[str, str], int],
+    slots: Iterable[SlotRecord], host: HostReading, *, restarts: dict[tuple[str, str], int],
     desired: dict[str, int], fatal: dict[str, str], wall_now: float, mono_now: float,
     code: CodeInfo | None = None, reloads: dict[str, int] | None = None,
     takes: dict[int, int] | None = None,
-) -> Snapshot:
+) -> SupervisorSnapshot:
     """``takes``: each slot's held lock token by pid (SlotInfo.take)."""
     ordered = sorted(slots, key=lambda s: s.slot_no)
     sample = host.sample
-    return Snapshot(
+    return SupervisorSnapshot(
         slots=[s.info((takes or {}).get(s.pid)) for s in ordered],
         last_seen={s.slot_no: wall_now - (mono_now - s.last_seen) for s in ordered},
         started_mono={s.slot_no: s.started_mono for s in ordered},

@@ -32,7 +32,7 @@ from qcluster.master.reconcile import clip_to_capacity
 from qcluster.master.reload import CodeSource, Reloader
 from qcluster.master.rollout import plan_pass
 from qcluster.master.slots import SlotRecord
-from qcluster.master.snapshot import HostView, Snapshot, build_snapshot
+from qcluster.master.snapshot import HostReading, SupervisorSnapshot, build_snapshot
 from qcluster.master.template import TemplateSpec
 from qcluster.master.watch import WatchLimits, dirty_kill_bytes, next_deadline, verdict, wake_in
 from qcluster.messages import BatchCounters, MasterToSlot
@@ -68,7 +68,7 @@ class HostProbe:
     ``MEMORY_PROBE_INTERVAL_S``."""
 
     def __init__(self, limits: CapacityLimits) -> None:
-        self.view = HostView(None, 0, limits)
+        self.reading = HostReading(None, 0, limits)
         self.next_at = 0.0
 
     def poll(self, now: float, slots: Collection[SlotRecord]) -> bool:
@@ -82,7 +82,7 @@ class HostProbe:
                 slot.pss_bytes = sample.pss_bytes
                 slot.private_dirty_bytes = sample.private_dirty_bytes
         host = sample_host(memory.values())
-        self.view = HostView(host, capacity(host, self.view.limits), self.view.limits)
+        self.reading = HostReading(host, capacity(host, self.reading.limits), self.reading.limits)
         return True
 
 
@@ -139,7 +139,7 @@ class Supervisor:
         self.probe = HostProbe(capacity_limits(settings))
         self.watch_limits = WatchLimits(settings.master.heartbeat_timeout_s,
                                         settings.master.memory_kill_factor)
-        self.snapshot = Snapshot()
+        self.snapshot = SupervisorSnapshot()
         self._row_lock = threading.Lock()
         self._due_at = 0.0
         """When the loop must decide again without a new event (tick, backoff end, stop)."""
@@ -204,7 +204,7 @@ class Supervisor:
         """Replace the snapshot the other threads read (after every decision, so at least
         every ``TICK_S``; a pass that only applied slot messages does not publish)."""
         self.snapshot = build_snapshot(
-            self.pool.slots.values(), self.probe.view, restarts=self.counters.restarts(),
+            self.pool.slots.values(), self.probe.reading, restarts=self.counters.restarts(),
             desired=self._desired, fatal=self.pool.backoff.fatal, wall_now=time.time(),
             mono_now=now, code=self.reload.info(), reloads=dict(self.reload.results),
             takes=self.pool.channels.takes())
@@ -274,7 +274,7 @@ class Supervisor:
         with self._row_lock:
             row = {queue: n for queue, n in self.row.items() if queue not in fatal}
         priorities = {name: p.priority for name, p in self.reload.code.serving.policies.items()}
-        capacity_slots = self.probe.view.capacity_slots or len(self.pool.slots)
+        capacity_slots = self.probe.reading.capacity_slots or len(self.pool.slots)
         self._desired = clip_to_capacity(row, capacity_slots, priorities)
         self.pool.apply(plan_pass(self._desired, self.pool.live(), self.pool.generation), now)
         self.reload.after_pass()

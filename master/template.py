@@ -118,13 +118,14 @@ def import_app(spec: TemplateSpec) -> tuple[Ready, object]:
     """Import the app anew as the master would; returns the Ready answer and the app."""
     from qcluster.app import code_version, load_app
     from qcluster.config import load_settings
-    from qcluster.master.cli import preimport_for_slots
+    from qcluster.slot.prefork import prepare_slots, warm_redis
 
     settings = load_settings(spec.config)
     app = load_app(spec.app).with_overrides(settings.queues)
     for queue in spec.row:
         app.spec(queue)  # HandlerNotFound: the new code lost a queue the host runs
-    preimport_for_slots(spec.broker_url, spec.metrics)
+    prepare_slots(spec.broker_url, spec.metrics)
+    warm_redis(spec.broker_url, Path(spec.state_dir))  # as the master's check at start
     ready = Ready(version=code_version(app, spec.app),
                   queues={name: q.policy for name, q in app.queues.items()})
     return ready, app
@@ -216,12 +217,7 @@ def become_slot(control: socket.socket, spec: TemplateSpec, app: object,
                 order: ForkSlot, fds: list[int], middle_pid: int) -> int:
     """In the grandchild: wait to be the master's child, then run the slot."""
     from qcluster.app import App
-    from qcluster.master.effects import (
-        SLOT_NAME,
-        child_exit_code,
-        set_parent_death_signal,
-        set_process_name,
-    )
+    from qcluster.master.effects import become_slot as become
     from qcluster.slot.runtime import run_slot
 
     deadline = time.monotonic() + REPARENT_TIMEOUT_S
@@ -229,26 +225,17 @@ def become_slot(control: socket.socket, spec: TemplateSpec, app: object,
         if os.getppid() != middle_pid or time.monotonic() > deadline:
             return exitcodes.FAILURE  # reparented elsewhere: the master is gone
         time.sleep(0.0005)
-    set_parent_death_signal()
-    if os.getppid() != spec.master_pid:  # the master died before prctl took effect
-        return exitcodes.FAILURE
-    set_process_name(SLOT_NAME)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal stops no batch
-    control.close()
-    channel: Channel[MasterToSlot] = Channel(socket.socket(fileno=fds[0]), MASTER_TO_SLOT)
-    if len(fds) > 1:  # (none: the master has no memfd, this slot's take is not followed)
-        channel.progress = TakeProgress(fds[1])  # mmap keeps its own copy of the fd
-        os.close(fds[1])
     assert isinstance(app, App)
-    try:
-        return int(run_slot(app, order.queue, broker_url=spec.broker_url,
-                            state_dir=Path(spec.state_dir), channel=channel,
-                            slot_no=order.slot_no))
-    except Exception as exc:  # the exit code tells the master a boot error from a crash
-        logger.exception("slot %d (%s) failed", order.slot_no, order.queue)
-        return child_exit_code(exc)
+
+    def run() -> int:
+        channel: Channel[MasterToSlot] = Channel(socket.socket(fileno=fds[0]), MASTER_TO_SLOT)
+        if len(fds) > 1:  # (none: the master has no memfd, this slot's take is not followed)
+            channel.progress = TakeProgress(fds[1])  # mmap keeps its own copy of the fd
+            os.close(fds[1])
+        return run_slot(app, order.queue, broker_url=spec.broker_url,
+                        state_dir=Path(spec.state_dir), channel=channel, slot_no=order.slot_no)
+
+    return become(spec.master_pid, order.queue, order.slot_no, control.close, run)
 
 
 class Template(Protocol):

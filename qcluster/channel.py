@@ -23,6 +23,7 @@ from qcluster.messages import (
     MASTER_TO_SLOT,
     SLOT_TO_MASTER,
     GiveBack,
+    HeldJob,
     MasterToSlot,
     Progress,
     SlotToMaster,
@@ -52,8 +53,9 @@ class TakeProgress(Progress):
     #: bigger take is not followed (its jobs come back when their locks expire).
     CAPACITY = 4096
     IDS_BYTES = 256 * 1024
-    _HEAD = struct.Struct("<QIIqH")  # seq, jobs, ids bytes, receipt, queue bytes
-    _QUEUE_AT, _QUEUE_BYTES = 32, 256
+    #: seq, jobs, ids bytes, receipt, queue bytes, taken at, settleable by the master
+    _HEAD = struct.Struct("<QIIqHd?")
+    _QUEUE_AT, _QUEUE_BYTES = 40, 256
     _STATES_AT = _QUEUE_AT + _QUEUE_BYTES
     _ATTEMPTS_AT = _STATES_AT + CAPACITY
     _ACTIVATE_AT = _ATTEMPTS_AT + 4 * CAPACITY
@@ -100,9 +102,12 @@ class TakeProgress(Progress):
         """The current take's number; 0: no take followed."""
         return int(struct.unpack_from("<Q", self._map, 0)[0])
 
-    def begin(self, seq: int, queue: str, receipt: int, deliveries: Sequence[Delivery]) -> bool:
+    def begin(self, seq: int, queue: str, receipt: int, deliveries: Sequence[Delivery], *,
+              settleable: bool = True) -> bool:
         """Follow a new take, every job UNSTARTED; False (nothing followed) when it does
-        not fit or a master could not settle it (an id with a newline)."""
+        not fit or a master could not settle it (an id with a newline). A take the master
+        cannot settle (``settleable`` False: the broker gives back a dead slot's jobs
+        itself, as RabbitMQ does) is followed for lookups only (:meth:`find`)."""
         struct.pack_into("<Q", self._map, 0, 0)  # never a new number with old contents
         jobs = len(deliveries)
         ids = "\n".join([d.id for d in deliveries]).encode("utf-8", "surrogateescape")
@@ -115,7 +120,9 @@ class TakeProgress(Progress):
         self._attempts[:jobs] = array("i", [d.attempts for d in deliveries])
         self._activate[:jobs] = array("d", [d.activate_at for d in deliveries])
         self.states[:jobs] = bytes(jobs)
-        self._HEAD.pack_into(self._map, 0, 0, jobs, len(ids), receipt, len(name))
+        taken_at = deliveries[0].taken_at if deliveries else 0.0
+        self._HEAD.pack_into(self._map, 0, 0, jobs, len(ids), receipt, len(name), taken_at,
+                             settleable)
         struct.pack_into("<Q", self._map, 0, seq)
         return True
 
@@ -125,13 +132,33 @@ class TakeProgress(Progress):
     def receipt(self) -> int | None:
         """The lock token of the take followed now (None: none, or it is being written):
         a master reports it so that a lookup can say which slot runs a job."""
-        seq, jobs, _, receipt, _ = self._HEAD.unpack_from(self._map, 0)
-        return int(receipt) if seq and jobs and self.seq == seq else None
+        seq, jobs, _, receipt, _, _, settleable = self._HEAD.unpack_from(self._map, 0)
+        return int(receipt) if seq and jobs and settleable and self.seq == seq else None
+
+    def find(self, wanted: set[str]) -> list[HeldJob]:
+        """The jobs of ``wanted`` that the followed take holds and has not finished, read
+        while the slot works: a take replaced during the read answers nothing (the slot
+        moved on, and those jobs with it)."""
+        seq, jobs, ids_bytes, _, name_bytes, taken_at, _ = self._HEAD.unpack_from(self._map, 0)
+        if not seq or not jobs:
+            return []
+        ids = self._map[self._IDS_AT : self._IDS_AT + ids_bytes].decode(
+            "utf-8", "surrogateescape").split("\n")
+        queue = self._map[self._QUEUE_AT : self._QUEUE_AT + name_bytes].decode(errors="replace")
+        found = [(job_id, self._attempts[n], self.states[n] == Progress.RUNNING)
+                 for n, job_id in enumerate(ids[:jobs])
+                 if job_id in wanted and self.states[n] <= Progress.RUNNING]
+        if not found or self.seq != seq:  # a torn read is never validated, nor answered
+            return []
+        return [HeldJob(id=job_id, queue=queue, attempts=attempts, taken_at=taken_at,
+                        started=started) for job_id, attempts, started in found]
 
     def read(self) -> GiveBack | None:
-        """The followed take, each job with its state (None: none followed)."""
-        seq, jobs, ids_bytes, receipt, name_bytes = self._HEAD.unpack_from(self._map, 0)
-        if not seq or not jobs:
+        """The followed take, each job with its state (None: none followed, or one its
+        master cannot settle)."""
+        seq, jobs, ids_bytes, receipt, name_bytes, _, settleable = self._HEAD.unpack_from(
+            self._map, 0)
+        if not seq or not jobs or not settleable:
             return None
         ids = self._map[self._IDS_AT : self._IDS_AT + ids_bytes].decode(
             "utf-8", "surrogateescape").split("\n")

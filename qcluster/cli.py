@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -34,6 +34,9 @@ from qcluster.cli_support import (
 )
 from qcluster.config import Settings
 from qcluster.errors import EnvelopeError, QClusterError
+
+if TYPE_CHECKING:
+    from qcluster.client import Client
 
 #: Where the roles declare their commands (``[project.entry-points."qcluster.commands"]``).
 COMMANDS_GROUP = "qcluster.commands"
@@ -84,8 +87,6 @@ def enqueue(
 
     With an app configured (--config / QCLUSTER_APP), a queue it does not declare is
     refused (exit 2, the closest declared name suggested) unless --force."""
-    from rich.progress import Progress
-
     from qcluster.client import Client
     from qcluster.job import check_delay
     from qcluster.names import check_queue_name
@@ -103,34 +104,48 @@ def enqueue(
         # the client's own warning about an undeclared queue would repeat the one above
         logging.getLogger("qcluster.client").setLevel(logging.ERROR)
         client = Client(settings.broker_url, state_dir=settings.state_dir, app=application)
-        if file is not None:
-            total = _count_lines(file)
-            items: Iterator[Any] = _read_jsonl(file)
-        else:
-            try:
-                value = json.loads(payload or "")
-            except json.JSONDecodeError as exc:
-                raise EnvelopeError(f"payload is not JSON: {exc.msg}") from exc
-            total, items = count, (value for _ in range(count))
-        done = 0
         try:
-            with Progress(console=err, transient=True, disable=total < 1000) as progress:
-                task = progress.add_task(escape(f"enqueue {queue}"), total=total)
-                for chunk in _chunks(items, 1000):
-                    ids = client.enqueue_many(queue, chunk, delay=delay)
-                    done += len(ids)
-                    progress.update(task, advance=len(ids))
-                    if total == 1:
-                        out.print(ids[0])
-        except QClusterError:
-            if done:  # the jobs before the bad line are stored: say so
-                err.print(escape(f"enqueued {done} job(s) to {queue!r} before the error"),
-                          highlight=False)
-            raise
+            total, items = _payloads(payload, file, count)
+            done = _enqueue_all(client, queue, items, total, delay)
         finally:
             client.close()
     if total != 1:
         err.print(escape(f"enqueued {done} job(s) to {queue!r}"), highlight=False)
+
+
+def _payloads(payload: str | None, file: Path | None, count: int) -> tuple[int, Iterator[Any]]:
+    """How many payloads and the payloads: the --file's lines, or one parsed --count times."""
+    if file is not None:
+        return _count_lines(file), _read_jsonl(file)
+    try:
+        value = json.loads(payload or "")
+    except json.JSONDecodeError as exc:
+        raise EnvelopeError(f"payload is not JSON: {exc.msg}") from exc
+    return count, (value for _ in range(count))
+
+
+def _enqueue_all(client: Client, queue: str, items: Iterator[Any], total: int,
+                 delay: float) -> int:
+    """Enqueue in chunks of 1000 (a progress bar from 1000 jobs; one job prints its id);
+    the jobs enqueued."""
+    from rich.progress import Progress
+
+    done = 0
+    try:
+        with Progress(console=err, transient=True, disable=total < 1000) as progress:
+            task = progress.add_task(escape(f"enqueue {queue}"), total=total)
+            for chunk in _chunks(items, 1000):
+                ids = client.enqueue_many(queue, chunk, delay=delay)
+                done += len(ids)
+                progress.update(task, advance=len(ids))
+                if total == 1:
+                    out.print(ids[0])
+    except QClusterError:
+        if done:  # the jobs before the bad line are stored: say so
+            err.print(escape(f"enqueued {done} job(s) to {queue!r} before the error"),
+                      highlight=False)
+        raise
+    return done
 
 
 def _check_declared(application: Any, queue: str, force: bool) -> None:
@@ -235,14 +250,13 @@ def broker_stop(
 
 def _embedded_dir(settings: Settings) -> Path | None:
     """The embedded broker's state directory, or None when another broker is configured."""
-    from qcluster.broker import EMBEDDED, EMBEDDED_MODULE, EMBEDDED_PREFIX, backend_module
+    from qcluster.broker import parse_broker_url
 
-    url = (settings.broker_url or EMBEDDED).strip()
     with user_errors():
-        if backend_module(url) != EMBEDDED_MODULE:
-            return None
-    path = url.removeprefix(EMBEDDED_PREFIX) if url != EMBEDDED else ""
-    return Path(path or settings.state_dir)
+        parsed = parse_broker_url(settings.broker_url)
+    if parsed.kind != "embedded":
+        return None
+    return Path(parsed.state_dir or settings.state_dir)
 
 
 # --- role commands, each defined by its role -------------------------------------

@@ -132,22 +132,15 @@ def open_existing_broker(settings: Settings) -> Any:
     """For a command that only reads (stats, dead, job...): never starts the embedded
     broker, and a broker that does not answer is an error (exit BROKER_CONNECT, one line),
     never an empty answer."""
-    from qcluster.broker import (
-        EMBEDDED,
-        EMBEDDED_MODULE,
-        EMBEDDED_PREFIX,
-        backend_module,
-        open_broker,
-    )
+    from qcluster.broker import open_broker, parse_broker_url
 
     with user_errors():
-        url = (settings.broker_url or EMBEDDED).strip()
-        if backend_module(url) == EMBEDDED_MODULE:
+        parsed = parse_broker_url(settings.broker_url)
+        if parsed.kind == "embedded":
             from qcluster.broker.embedded_life import open_running
 
-            path = url.removeprefix(EMBEDDED_PREFIX) if url != EMBEDDED else ""
-            return open_running(Path(path or settings.state_dir))
-        broker = open_broker(url, state_dir=settings.state_dir)
+            return open_running(Path(parsed.state_dir or settings.state_dir))
+        broker = open_broker(parsed.text, state_dir=settings.state_dir)
         try:
             broker.ping()
         except BaseException:

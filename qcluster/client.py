@@ -67,10 +67,8 @@ class Client:
         this producer: it declares the queue as its policy says (``queue_type``, a quorum
         queue's delivery limit from ``max_attempts``). Other brokers have no such option."""
         self._specs[spec.name] = spec
-        tell = getattr(self.broker, "set_queue_options", None)
-        if tell is not None:
-            tell(spec.name, queue_type=spec.policy.queue_type,
-                 max_attempts=spec.policy.max_attempts)
+        self.broker.set_queue_options(spec.name, queue_type=spec.policy.queue_type,
+                                      max_attempts=spec.policy.max_attempts)
 
     def _spec(self, queue: str) -> QueueSpec | None:
         """The declaration of ``queue`` this producer follows, found once per queue: the

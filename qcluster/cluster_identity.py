@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any
+from collections.abc import Callable
 
+from qcluster.broker.base import Broker
 from qcluster.errors import BrokerError, QClusterError
 from qcluster.messages import ClusterClaim
 
@@ -38,11 +39,11 @@ class WrongBroker(QClusterError):
     """This process and the manager work on different brokers."""
 
 
-def claim(broker: Any, *, sleep: Any = time.sleep) -> ClusterClaim | None:
+def claim(broker: Broker, *,
+          sleep: Callable[[float], None] = time.sleep) -> ClusterClaim | None:
     """This broker's identity, written first if it has none; None when the broker cannot
-    keep one (a stand-in without a controls store) or does not answer just now."""
-    if not hasattr(broker, "read_controls"):
-        return None
+    keep one (a backend without a controls store: ``Broker.read_controls`` raises
+    NotImplementedError) or does not answer just now."""
     try:
         identity = _read(broker, sleep)
         if identity is None:
@@ -55,10 +56,10 @@ def claim(broker: Any, *, sleep: Any = time.sleep) -> ClusterClaim | None:
         return None
     if identity is None:
         return None
-    return ClusterClaim(id=identity, broker=str(getattr(broker, "safe_url", "?")))
+    return ClusterClaim(id=identity, broker=broker.safe_url)
 
 
-def _read(broker: Any, sleep: Any) -> str | None:
+def _read(broker: Broker, sleep: Callable[[float], None]) -> str | None:
     for _ in range(READ_TRIES):
         stored = broker.read_controls()
         if stored is not None:

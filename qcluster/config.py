@@ -30,14 +30,13 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from qcluster.broker.urls import AMQP_SCHEMES, join_urls, split_urls
 from qcluster.errors import ConfigError, InvalidQueueName, field_reasons
 from qcluster.names import check_queue_name
 from qcluster.policy import QueuePolicy
 from qcluster.security import check_token_strength
 
 DEFAULT_CONFIG_FILE = "qcluster.toml"
-#: RabbitMQ URL schemes (qcluster.broker.KOMBU_SCHEMES; not imported: config loads no broker).
-AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
 
 
 class MasterSettings(BaseModel):
@@ -115,19 +114,19 @@ class Settings(BaseSettings):
     """``[periodic.NAME]``: periodic jobs the manager enqueues (``queue``, ``cron`` or
     ``every``, ``payload``, ``catch_up``, ``missed_after``); keys given for a NAME the app
     declares with ``@app.periodic`` replace the app's. Checked where the app's declarations
-    are known too, at the manager's start (qcluster.manager.periodic.configured_jobs)."""
+    are known too, at the manager's start (qcluster.manager.planning.periodic.configured_jobs)."""
     master: MasterSettings = Field(default_factory=lambda: MasterSettings.model_validate({}))
     manager: ManagerSettings = Field(default_factory=lambda: ManagerSettings.model_validate({}))
 
     @model_validator(mode="after")
     def _queue_type_in_the_url(self) -> Settings:
         """Every process gets the broker through its URL: the global queue type rides in it."""
-        url = self.broker_url
-        if (self.queue_type and url and url.strip().startswith(AMQP_SCHEMES)
-                and "queue_type=" not in url):
-            self.broker_url = ";".join(
+        entries = split_urls(self.broker_url or "")
+        if (self.queue_type and entries and entries[0].startswith(AMQP_SCHEMES)
+                and not any("queue_type=" in one for one in entries)):
+            self.broker_url = join_urls([
                 f"{one}{'&' if '?' in one else '?'}queue_type={self.queue_type}"
-                for one in url.split(";"))
+                for one in entries])
         return self
 
     @field_validator("tokens")

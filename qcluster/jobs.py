@@ -10,7 +10,6 @@ waiting in its queue is ``unknown``, never a wrong state.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,24 +24,6 @@ JobState = Literal["ready", "delayed", "running", "retrying", "dead", "finished"
 LISTED_STATES: tuple[str, ...] = ("running", "delayed", "retrying", "dead")
 #: The longest page of a listing.
 MAX_PAGE = 500
-
-
-class LastError(BaseModel):
-    """:class:`qcluster.failures.JobError` as JSON."""
-
-    model_config = ConfigDict(frozen=True)
-
-    type: str
-    message: str
-    traceback: str
-    host: str
-    slot: str
-    attempt: int
-    at: float
-
-    @classmethod
-    def of(cls, error: JobError | None) -> LastError | None:
-        return None if error is None else cls(**asdict(error))
 
 
 class JobInfo(BaseModel):
@@ -66,7 +47,9 @@ class JobInfo(BaseModel):
     """Finished: from its last take to its ack."""
     reason: str | None = None
     """Dead: why it was dead-lettered."""
-    last_error: LastError | None = None
+    last_error: JobError | None = None
+    """The error of its last failed attempt, the record the broker stores (pydantic reads
+    and writes the dataclass as JSON with the same fields)."""
     payload: Any = None
     """The job's payload (decoded JSON), not the stored envelope."""
     result: Any = None
@@ -81,7 +64,7 @@ class JobInfo(BaseModel):
         """A dead letter as a job."""
         return cls(id=dead.id, queue=dead.queue, state="dead", since=dead.dead_at,
                    attempts=dead.attempts, reason=dead.reason,
-                   last_error=LastError.of(dead.error), payload=payload_of(dead.body))
+                   last_error=dead.error, payload=payload_of(dead.body))
 
 
 class JobPage(BaseModel):

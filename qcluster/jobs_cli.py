@@ -37,16 +37,23 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")
 QueueArg = Annotated[str, typer.Argument(help="Queue name")]
 
 
+ManagerOpt = Annotated[str | None, typer.Option(
+    "--manager", help="The manager's URL, for the host and slot of a running job (default: "
+                      "$QCLUSTER_MANAGER_URL, config manager_url, http://127.0.0.1:7300)")]
+
+
 def job(
     job_id: Annotated[str, typer.Argument(help="The job's id (as enqueue returned it)")],
     queue: Annotated[list[str] | None, typer.Option(
         "--queue", help="Look in this queue (repeatable; default: every queue the broker "
                         "and the config name)")] = None,
     as_json: JsonOpt = False, config: ConfigOpt = None, broker: BrokerOpt = None,
+    manager: ManagerOpt = None,
 ) -> None:
-    """Where a job is and since when: ready, delayed, running, retrying (with its last
-    error), dead (with the reason and traceback) or finished (kept keep_finished_s)."""
-    settings = settings_for(config, broker_url=broker)
+    """Where a job is and since when: ready, delayed, running (on which host and slot, as
+    the manager knows from its masters), retrying (with its last error), dead (with the
+    reason and traceback) or finished (kept keep_finished_s)."""
+    settings = settings_for(config, broker_url=broker, manager_url=manager)
     queue_broker = open_existing_broker(settings)
     with user_errors():
         try:
@@ -55,6 +62,8 @@ def job(
             found = queue_broker.job(job_id, queues=names)
         finally:
             queue_broker.close()
+    if found is None or found.state in ("running", "unknown"):
+        found = _where_it_runs(job_id, found, settings.manager_url)
     if found is None:
         if as_json:
             unknown = JobInfo(id=job_id, state="unknown", note="no queue holds it")
@@ -68,6 +77,27 @@ def job(
         return
     for line in describe(found):
         out.print(escape(line), highlight=False, soft_wrap=True)
+
+
+def _where_it_runs(job_id: str, found: JobInfo | None, manager_url: str | None) -> JobInfo | None:
+    """The manager's answer, which adds the host and slot of a running job (its masters
+    report them; RabbitMQ cannot say from the broker), else the broker's with why not."""
+    from urllib.parse import quote
+
+    import httpx
+
+    url = (manager_url or "http://127.0.0.1:7300").rstrip("/")
+    try:
+        reply = httpx.get(f"{url}/api/v1/jobs/{quote(job_id, safe='')}", timeout=15.0)
+        if reply.status_code == 404:
+            return found
+        reply.raise_for_status()
+        return JobInfo.model_validate(reply.json())
+    except (httpx.HTTPError, ValueError) as exc:
+        if found is None:
+            return None
+        why = f"the manager at {url} did not answer ({type(exc).__name__}): no host or slot"
+        return found.model_copy(update={"note": f"{found.note}; {why}" if found.note else why})
 
 
 def describe(info: JobInfo) -> list[str]:
@@ -104,7 +134,8 @@ def dead(
         "--requeue", help="Move the dead jobs IDS (none given: every one) back to ready")] = False,
     delete: Annotated[bool, typer.Option("--delete", help="Delete the dead jobs IDS")] = False,
     limit: Annotated[int, typer.Option(min=0, max=100_000, help="Show at most this many")] = 20,
-    offset: Annotated[int, typer.Option(min=0, help="Skip this many (newest first)")] = 0,
+    offset: Annotated[int, typer.Option(
+        min=0, help="Skip this many (newest first; RabbitMQ: oldest first)")] = 0,
     as_json: JsonOpt = False, config: ConfigOpt = None, broker: BrokerOpt = None,
 ) -> None:
     """Show a queue's dead letters (newest first; RabbitMQ: oldest first) with each one's

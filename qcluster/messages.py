@@ -14,7 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 from qcluster.periodic import PeriodicSpec
 from qcluster.policy import QUEUE_NAME_PATTERN, QueuePolicy
 
-SCHEMA_VERSION = 1
+#: 2: a master answers job lookups (HostReport.searched and held, Assignment.find_jobs);
+#: a manager asks only the masters that report 2 or more.
+SCHEMA_VERSION = 2
+FINDS_JOBS_SINCE = 2
 
 # Bounds on what crosses a process boundary: a report comes over the network, and one
 # NaN, negative or astronomically large figure must be refused (422), not planned with.
@@ -202,6 +205,27 @@ class SlotInfo(_Msg):
     which a lookup matches to say where a running job runs; None: none, or not followed."""
 
 
+#: The most job ids one report reply asks the masters about (see Assignment.find_jobs).
+MAX_FIND_JOBS = 64
+JobId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+class HeldJob(_Msg):
+    """A job a slot holds now (its take's shared TakeProgress), as its master answers a
+    lookup the broker cannot answer (RabbitMQ cannot search its queues or see who holds
+    an unacked message)."""
+
+    id: JobId
+    queue: Name
+    attempts: Annotated[int, Field(ge=0, le=1 << 31)]
+    taken_at: Timestamp
+    """Wall-clock unix seconds of the take that holds it."""
+    started: bool
+    """Handed to the handler (False: taken, waiting its turn in the batch)."""
+    slot_no: Annotated[int, Field(ge=-1, le=MAX_SLOTS)] = -1
+    """The slot holding it (-1 until its master names it)."""
+
+
 class QueueCounters(_Msg):
     """One queue on one host since the previous report."""
 
@@ -266,10 +290,14 @@ class HostReport(_Msg):
     from another broker than its own (409)."""
     periodic: Annotated[dict[Name, PeriodicSpec], Field(max_length=MAX_QUEUES)] = {}
     """The app's ``@app.periodic`` declarations: the manager runs them without importing
-    the app (manager/learned_periodic.py)."""
+    the app (manager/planning/learned_periodic.py)."""
     fatal: Annotated[dict[Name, Annotated[str, Field(max_length=2000)]],
                      Field(max_length=MAX_QUEUES)] = {}
     """Queues this master no longer forks, with why (boot errors, a broker refusal)."""
+    searched: Annotated[list[JobId], Field(max_length=MAX_FIND_JOBS)] = []
+    """The ids of the last Assignment.find_jobs, looked for in every slot's take."""
+    held: Annotated[list[HeldJob], Field(max_length=MAX_FIND_JOBS)] = []
+    """Those of ``searched`` that a slot of this host holds now."""
 
 
 class Assignment(_Msg):
@@ -282,6 +310,9 @@ class Assignment(_Msg):
     reload_id: str = ""
     """A reload this host should do: the master reloads when the id differs from the last one
     it saw (the first id a master sees after it starts is taken as done, not reloaded)."""
+    find_jobs: Annotated[list[JobId], Field(max_length=MAX_FIND_JOBS)] = []
+    """Jobs a lookup wants found: the master reports at once which of its slots hold them
+    (HostReport.searched and held)."""
 
 
 # --- manager API views (GET /api/v1/cluster and the admin UI) -------------------

@@ -50,14 +50,37 @@ def multiprocess_enabled() -> bool:
     return bool(os.environ.get(ENV_DIR))
 
 
+_slot_identity = ""
+"""``slot<N>`` in a slot (set by :func:`use_slot_identity`); empty in any other process."""
+
+
+def _process_identifier() -> str:
+    return _slot_identity or str(os.getpid())
+
+
+@cache
+def slot_value_class() -> Any:
+    """The value class of a slot's metrics, named by :func:`_process_identifier`.
+
+    Made once, in the master before it forks (qcluster.slot.prefork): a class made in
+    each slot would cost it some 170 KiB of private memory (the new type, and the shared
+    pages it touches). Nothing in the master uses it; a slot detects its new identity at
+    its first value and opens its own files then.
+    """
+    from prometheus_client import values
+
+    return values.MultiProcessValue(process_identifier=_process_identifier)
+
+
 def use_slot_identity(slot_no: int) -> None:
     """In a freshly forked slot: write metric files as ``slot<N>`` instead of the PID."""
+    global _slot_identity
     if not multiprocess_enabled():
         return
     from prometheus_client import values
 
-    identity = f"slot{slot_no}"
-    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: identity)
+    _slot_identity = f"slot{slot_no}"
+    values.ValueClass = slot_value_class()
 
 
 def mark_slot_dead(slot_no: int) -> None:
@@ -92,10 +115,11 @@ SLOT_METRICS: dict[str, str] = {
 
 @cache
 def slot_metrics() -> Any:
-    """The metrics a slot (or a producer) writes. Created on first use, in the slot.
+    """The metrics a slot (or a producer) writes. Made by the master before it forks
+    (qcluster.slot.prefork), so that its slots share the definitions.
 
     All are labelled: an unlabelled metric would create its value (and its file) in
-    the master at import, under the master's identity.
+    the master, under the master's identity.
     """
     from prometheus_client import Counter, Gauge, Histogram
 
@@ -186,7 +210,7 @@ class HistogramTally:
 
 
 # The master's and the manager's own metrics: one definition of each name and its help,
-# which master/http.py and manager/metrics.py export and deploy/ (dashboard, alert rules)
+# which master/http.py and manager/api/metrics.py export and deploy/ (dashboard, alert rules)
 # is checked against (tests/deploy).
 
 #: The master's gauges and counter, name -> help (labels in the comment).

@@ -7,12 +7,29 @@ acked, which come back later and when, which go to the dead-letter store and why
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from qcluster.backoff import compute_backoff
 from qcluster.broker.base import DeadRetention, Settlement
-from qcluster.job import JSON_CONTENT_TYPE, Delivery, Job
+from qcluster.failures import JobError
+from qcluster.job import JSON_CONTENT_TYPE, Delivery, Job, LockToken
 from qcluster.messages import BatchCounters, Progress
 from qcluster.policy import QueuePolicy
+
+RejectionKind = Literal["malformed", "taken_out"]
+
+
+@dataclass(slots=True)
+class Rejected:
+    """A delivery refused before its handler, and why."""
+
+    delivery: Delivery
+    reason: str
+    kind: RejectionKind
+    """``malformed``: not a valid envelope (dead-lettered: that take was its attempt);
+    ``taken_out``: taken more often than ``max_attempts`` without being settled (its
+    slots died or hung on it), dead-lettered as refused: that take was no attempt."""
 
 
 def dead_retention(policy: QueuePolicy) -> DeadRetention:
@@ -25,8 +42,7 @@ def settle_batch(
     policy: QueuePolicy,
     *,
     rand: Callable[[], float],
-    rejected: Sequence[tuple[Delivery, str]] = (),
-    malformed: int = 0,
+    rejected: Sequence[Rejected] = (),
     busy_s: float = 0.0,
 ) -> tuple[Settlement, BatchCounters]:
     """Settlement for ``jobs`` after their handler ran, plus the counters to report.
@@ -35,11 +51,17 @@ def settle_batch(
         jobs: the batch; each with ``outcome`` None/"done" (ack), "retry" (postpone),
             "fail" (dead), or "error" (the handler raised: on_error decides).
         rejected: deliveries refused before the handler (malformed, not JSON, too many
-            attempts) with their reasons; they go to the dead-letter store.
-        malformed: how many of ``rejected`` were not valid envelopes (for the counter).
+            takes) with their reasons; they go to the dead-letter store.
         rand: a float in [0, 1) for backoff jitter.
     """
-    settlement = Settlement(dead=list(rejected), retention=dead_retention(policy))
+    settlement = Settlement(retention=dead_retention(policy))
+    malformed = 0
+    for item in rejected:
+        if item.kind == "malformed":
+            settlement.dead.append((item.delivery, item.reason))
+            malformed += 1
+        else:
+            settlement.refused.append((item.delivery, item.reason))
     done = retried = failed = 0
     for job in jobs:
         assert job.delivery is not None
@@ -77,11 +99,12 @@ def settle_batch(
 
 def give_back_settlement(
     jobs: Sequence[tuple[str, int, float, int]],
-    receipt: int,
+    receipt: LockToken,
     policy: QueuePolicy,
     *,
     rand: Callable[[], float],
     now: float,
+    died: Callable[[Delivery], JobError] | None = None,
 ) -> Settlement:
     """How to settle the jobs a slot held when it died, by how far it got with each
     (``(id, attempts, activate_at, Progress state)``, see messages.GiveBack).
@@ -91,6 +114,7 @@ def give_back_settlement(
     ``max_attempts`` times; DONE ones are acked (their work is done); RAN ones (a retry
     or an error) are charged as their outcome said, with the policy's backoff (an
     explicit ``job.retry(delay)`` is not known here); FAILED ones are dead-lettered.
+    ``died``: the error recorded with each job its slot died running (charged or dead).
     """
     settlement = Settlement(retention=dead_retention(policy))
     limit = policy.max_attempts
@@ -102,12 +126,14 @@ def give_back_settlement(
             settlement.release.append(delivery)
         elif state == Progress.RUNNING and policy.on_error == "lock":
             continue  # the policy keeps failing jobs locked: it returns at lock expiry
-        elif state == Progress.RUNNING and attempts >= limit:
-            settlement.dead.append((delivery, f"its slot died while running it on attempt "
-                                    f"{attempts} of {limit} and no attempt is left "
-                                    f"(max_attempts {limit})"))
         elif state == Progress.RUNNING:
-            settlement.crashed.append(delivery)
+            if attempts >= limit:
+                settlement.dead.append((delivery, f"{DIED} on attempt {attempts} of {limit} "
+                                        f"and no attempt is left (max_attempts {limit})"))
+            else:
+                settlement.crashed.append(delivery)
+            if died is not None:
+                settlement.errors[delivery.id] = died(delivery)
         elif state == Progress.FAILED:
             settlement.dead.append((delivery, "failed by the handler (job.fail(); settled for "
                                     "its slot, which died before settling)"))
@@ -123,6 +149,9 @@ def give_back_settlement(
                                     cap_s=policy.retry_max_delay, rand=rand)
             settlement.postpone.append((delivery, delay))
     return settlement
+
+
+DIED = "its slot died while running it"
 
 
 def raised_out(attempts: int, policy: QueuePolicy, error: str) -> str:

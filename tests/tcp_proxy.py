@@ -3,25 +3,34 @@
 A blackholed link is what a dead network path looks like to both ends (a cable pulled,
 a firewall dropping packets, a NAT entry expired): nothing arrives and nothing fails.
 It can also reset every link (each end gets a TCP RST, as from a middlebox that dropped
-its state) and delay everything it forwards (a slow path: latency, in order).
+its state) and delay everything it forwards (a slow path: latency, in order), or drop the
+next reply and reset (the request reached the server, its reply never reaches the client).
 """
 
 from __future__ import annotations
 
+import contextlib
 import selectors
 import socket
 import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from contextlib import suppress
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
 
 
 class TcpProxy:
     """Forwards ``127.0.0.1:port`` to ``target``; ``blackhole()`` silences every link,
     including ones opened afterwards, until ``restore()``; ``reset()`` aborts every open
     link with an RST; ``set_latency(s)`` delays each chunk forwarded from then on by ``s``
-    seconds (0 to stop; ``restore()`` also ends it)."""
+    seconds (0 to stop; ``restore()`` also ends it); ``cut_next_reply()`` drops the next
+    chunk a server sends and resets every link (or with ``reset=False`` blackholes them,
+    as ``blackhole()``): the command ran, its reply is lost."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -29,6 +38,11 @@ class TcpProxy:
         self.port: int = self._listener.getsockname()[1]
         self._blackholed = threading.Event()
         self._reset = threading.Event()
+        self._cut_reply = threading.Event()
+        self._cut_resets = True
+        self.replies_cut = 0
+        #: The links' server ends: what they send is a reply.
+        self._upstreams: set[socket.socket] = set()
         self._stopped = threading.Event()
         self._latency_s = 0.0
         #: Chunks held back by the latency: (due monotonic time, destination, data).
@@ -53,6 +67,12 @@ class TcpProxy:
         deadline = time.monotonic() + timeout_s
         while self._reset.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
+
+    def cut_next_reply(self, *, reset: bool = True) -> None:
+        """The next chunk any server sends is dropped, and every link reset (RST), or
+        silenced until ``restore()``."""
+        self._cut_resets = reset
+        self._cut_reply.set()
 
     def set_latency(self, seconds: float) -> None:
         self._latency_s = max(0.0, seconds)
@@ -96,6 +116,7 @@ class TcpProxy:
                     with self._lock:
                         self._links.append((client, upstream))
                     peers[client], peers[upstream] = upstream, client
+                    self._upstreams.add(upstream)
                     selector.register(client, selectors.EVENT_READ, None)
                     selector.register(upstream, selectors.EVENT_READ, None)
                 elif self._blackholed.is_set():
@@ -123,6 +144,7 @@ class TcpProxy:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
         peers.clear()
+        self._upstreams.clear()
         self._pending.clear()
         with self._lock:
             self._links.clear()
@@ -156,6 +178,14 @@ class TcpProxy:
         other = peers[sock]
         try:
             data = sock.recv(65536)
+            if data and sock in self._upstreams and self._cut_reply.is_set():
+                self._cut_reply.clear()
+                self.replies_cut += 1
+                if self._cut_resets:
+                    self._abort_all(selector, peers)  # the reply is dropped with the links
+                else:
+                    self._blackholed.set()
+                return
             if data:
                 if self._latency_s > 0 or self._pending:  # in order behind held chunks
                     self._pending.append((time.monotonic() + self._latency_s, other, data))
@@ -169,3 +199,26 @@ class TcpProxy:
                 selector.unregister(one)
             one.close()
             peers.pop(one, None)
+            self._upstreams.discard(one)
+
+
+@contextlib.contextmanager
+def proxied_redis(redis_url: str, socket_timeout_s: float) -> Iterator[tuple[Any, TcpProxy]]:
+    """A RedisBroker whose one connection goes through a proxy, with the retries every
+    Redis client has and a short socket timeout (a test waits little for a reply that
+    never comes); its scripts loaded and its pooled connection open before any cut."""
+    from qcluster.broker.redis_broker import RedisBroker
+    from qcluster.broker.redis_client import client_options
+
+    parts = urlsplit(redis_url)
+    with TcpProxy((parts.hostname or "127.0.0.1", parts.port or 6379)) as proxy:
+        options = {**client_options(3), "socket_timeout": socket_timeout_s}
+        client = redis.Redis(host="127.0.0.1", port=proxy.port, **options)
+        broker = RedisBroker(client, safe_url="redis://proxied")
+        for script in broker._scripts.values():  # loaded: a cut reply is the script's own
+            client.script_load(script.script)
+        client.ping()
+        try:
+            yield broker, proxy
+        finally:
+            broker.close()

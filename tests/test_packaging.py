@@ -77,7 +77,7 @@ def test_the_wheel_holds_only_the_qcluster_package(wheel: Path) -> None:
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
     assert {name.split("/")[0] for name in names} == {"qcluster", info}
     for module in ("qcluster/cli.py", "qcluster/slot/runtime.py", "qcluster/master/cli.py",
-                   "qcluster/manager/api.py", "qcluster/manager/simulator/engine.py",
+                   "qcluster/manager/api/app.py", "qcluster/manager/simulator/engine.py",
                    "qcluster/admin_ui/router.py", "qcluster/demo/launcher.py"):
         assert module in names
     sources = {f"qcluster/{p.relative_to(ROOT / 'qcluster')}"

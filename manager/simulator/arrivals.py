@@ -82,6 +82,7 @@ class Arrivals:
 
     def __init__(self, spec: QueueSpec, seed: int, interval_s: float) -> None:
         self.spec, self.interval = spec, interval_s
+        self.every_s = spec.every_s
         self.curve = RateCurve(spec)
         self.rng = random.Random(seed)
         self.carry = 0.0

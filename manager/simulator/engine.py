@@ -3,19 +3,23 @@ placement, one policy at a time, deterministic from the trace and the seed.
 
 Each planning round (every ``interval_s``) the policy sees what the manager would see —
 per queue the running slots, a window of counts (processed, busy, slot-alive seconds),
-the backlog — and answers slots per queue; ``manager.placement.place`` turns that into a
+the backlog — and answers slots per queue; ``manager.planning.placement.place`` turns that into a
 slot map, which the hosts act on ``assign_delay_s`` later. Between rounds the simulation
 advances in steps of ``step_s``: new slots take jobs ``slot_start_s`` after they are
 forked, stopped slots keep their place ``slot_drain_s`` while they finish, hosts die,
 return and change capacity, and each queue's active slots run its jobs.
 
 Jobs are counted exactly, in buckets of jobs that arrived in the same step: a job waits
-in its queue (first in, first out), starts when a slot has time for it, and finishes once
-the queue's slots have worked through its job time. Slots run a queue's work as one pool
-(``A`` active slots give ``A * step_s`` seconds of work per step); a job's wait is measured
-in whole steps. Not modelled: batches (a job starts when a slot has time for it, not with
-its batch), retries and failures, the broker's own latency; jobs running on a host that
-dies are finished by the queue's other slots (no lock-timeout redelivery).
+in its queue (first in, first out) until a slot takes it in a batch (up to
+``batch_size``: as many batches as the slots' spare time allows, each costing
+``batch_cost_s`` beyond its jobs' handler time), and finishes when its batch is settled,
+once the queue's slots have worked through it. Slots run a queue's work as one pool
+(``A`` active slots give ``A * step_s`` seconds of work per step, batches settling in the
+order taken, each once the pool has done its share of its take's work, at most one held
+per slot); a job's wait is measured in whole steps. The
+jobs a host held when it dies come back ready when their locks expire
+(``lock_timeout``), with their enqueue time. Not modelled: retries and failures, the
+broker's own latency, CPU shared between a host's slots.
 """
 
 from __future__ import annotations
@@ -24,18 +28,37 @@ import heapq
 import math
 import random
 import zlib
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from qcluster.manager.arrivals import ArrivalCount, ArrivalLedger
-from qcluster.manager.placement import place
-from qcluster.manager.planning import QueueInput, QueueWindow
+from qcluster.manager.planning.arrivals import ArrivalCount
+from qcluster.manager.planning.placement import place
+from qcluster.manager.planning.plan import QueueInput, QueueWindow
 from qcluster.manager.simulator.arrivals import Arrivals, JobTimes
+from qcluster.manager.simulator.batches import (
+    lose,
+    redeliver,
+    settle,
+    take,
+    take_batches,
+    watch_oldest,
+)
+from qcluster.manager.simulator.model import (
+    Host,
+    HostSlots,
+    PolicyRun,
+    QueueFigures,
+    QueueSim,
+    Series,
+    SimulationResult,
+)
 from qcluster.manager.simulator.policies import POLICIES, Policy, QclusterPolicy, make_policy
+from qcluster.manager.simulator.round_end import close_round
 from qcluster.manager.simulator.trace import Trace
-from qcluster.policy import QueuePolicy
+
+__all__ = ["Host", "HostSlots", "PolicyRun", "QueueFigures", "QueueSim", "Series",
+           "Simulation", "SimulationResult", "simulate"]
 
 #: Charts keep at most this many points per series (longer runs are summarised in chunks).
 MAX_POINTS = 1500
@@ -62,122 +85,6 @@ def finished_by(settled: deque[int], point: SettledPoint) -> int:
     return settled[lo] + math.floor(share * (settled[hi] - settled[lo]) + EPS)
 
 
-@dataclass
-class HostSlots:
-    active: int = 0
-    starting: int = 0
-    draining: int = 0
-    cancelled: int = 0
-    """Starting slots stopped before they were ready: their 'ready' events are void."""
-
-
-@dataclass
-class Host:
-    name: str
-    capacity: int
-    serves: frozenset[str] | None
-    alive: bool = True
-    died_at: float = -math.inf
-    epoch: int = 0
-    slots: dict[str, HostSlots] = field(default_factory=dict)
-    row: dict[str, int] = field(default_factory=dict)
-
-    used: int = 0
-    """Slots taking capacity: active, starting and draining."""
-
-
-@dataclass
-class Series:
-    """A queue's chart lines, one point per round or per chunk of rounds."""
-
-    t: list[float] = field(default_factory=list)
-    backlog: list[int] = field(default_factory=list)
-    slots: list[float] = field(default_factory=list)
-    planned: list[int] = field(default_factory=list)
-    wait: list[float] = field(default_factory=list)
-
-
-@dataclass
-class QueueSim:
-    name: str
-    policy: QueuePolicy
-    arrivals: Arrivals
-    job_times: JobTimes
-    buckets: deque[list[Any]] = field(default_factory=deque)
-    backlog: int = 0
-    assigned: float = 0.0
-    done_work: float = 0.0
-    inflight: deque[list[Any]] = field(default_factory=deque)
-    job_cost_s: float = 0.0
-    """A batch's cost beyond the handler (``QueueSpec.batch_cost_s``), per job."""
-    arrived: int = 0
-    started: int = 0
-    finished: int = 0
-    waits: Counter[int] = field(default_factory=Counter)
-    active: int = 0
-    starting: int = 0
-    draining: int = 0
-    """Stopped slots finishing what they started (on live hosts)."""
-    existing: int = 0
-    """Slots that take capacity: active, starting and draining, on live hosts."""
-    # per round, for the manager's window
-    round_processed: int = 0
-    round_busy: float = 0.0
-    round_alive: float = 0.0
-    window: deque[tuple[int, float, float]] = field(default_factory=deque)
-    settled: deque[int] = field(default_factory=deque)
-    """Jobs finished by each recent step's end (``Simulation.settled_at`` says when), for
-    the reports' lag."""
-    ledger: ArrivalLedger = field(default_factory=ArrivalLedger)
-    win_processed: int = 0
-    win_busy: float = 0.0
-    win_alive: float = 0.0
-    # figures
-    max_backlog: int = 0
-    slot_seconds: float = 0.0
-    busy_seconds: float = 0.0
-    """Slot-seconds spent running jobs (the rest of ``slot_seconds`` is slack)."""
-    starts: int = 0
-    stops: int = 0
-    move_times: list[float] = field(default_factory=list)
-    """When each slot was started or stopped (churn over time)."""
-    plan_moves: list[tuple[float, int, int]] = field(default_factory=list)
-    """(when, from, to) of each change of the plan."""
-    planned: int = -1
-    over_target_s: float = 0.0
-    over_target_at: list[float] = field(default_factory=list)
-    bursts: list[float] = field(default_factory=list)
-    burst_from: float | None = None
-    series: Series = field(default_factory=Series)
-    chunk: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0])
-
-    def oldest_wait(self, now: float) -> float:
-        return now - self.buckets[0][0] if self.buckets else 0.0
-
-
-@dataclass
-class PolicyRun:
-    """One policy's simulation: per-queue state with its figures and series."""
-
-    policy: str
-    queues: dict[str, QueueSim]
-    reasons: list[tuple[float, str]]
-    deaths: list[float]
-    interval_s: float
-    step_s: float
-    detect_s: float
-    over_capacity_rounds: int
-    end_s: float
-    """When the simulation ended (jobs still waiting then count with their age so far)."""
-    """Rounds whose plan asked for more slots than the live hosts have (must be 0)."""
-
-
-@dataclass
-class SimulationResult:
-    trace: Trace
-    seed: int
-    runs: dict[str, PolicyRun]
-
 
 class Simulation:
     def __init__(self, trace: Trace, policy: Policy, seed: int) -> None:
@@ -196,7 +103,7 @@ class Simulation:
             for name, spec in sorted(trace.queues.items())
         }
         for name, q in self.queues.items():
-            q.job_cost_s = trace.queues[name].batch_cost_s / q.policy.batch_size
+            q.batch_cost_s = trace.queues[name].batch_cost_s
         self.order = sorted(self.queues, key=lambda q: (-self.queues[q].policy.priority, q))
         self.every_queue = frozenset(self.queues)
         self.events = sorted(trace.events, key=lambda e: e.at_s)
@@ -219,6 +126,27 @@ class Simulation:
         self.deaths: list[float] = []
         self.over_capacity = 0
 
+    def start_running(self, slots: dict[str, int]) -> None:
+        """Slots running when the trace begins (``start_slots``), placed as the manager
+        would; not slot moves (they were started before)."""
+        if not slots:
+            return
+        hosts = [h for h in self.hosts.values() if h.alive]
+        serves = {h.name: h.serves if h.serves is not None else self.every_queue for h in hosts}
+        planned = {name: slots.get(name, 0) for name in self.queues}
+        placed = place({}, planned, {h.name: h.capacity for h in hosts}, self.order, serves)
+        self.slot_map = placed
+        for host in hosts:
+            host.row = dict(placed.get(host.name, {}))
+            for name, count in placed.get(host.name, {}).items():
+                if not count:
+                    continue
+                host.slots[name] = HostSlots(active=count)
+                host.used += count
+                q = self.queues[name]
+                q.active += count
+                q.existing += count
+
     # --- the manager's view -----------------------------------------------------
 
     def believed_alive(self, now: float) -> list[Host]:
@@ -233,12 +161,31 @@ class Simulation:
         report = self.latest_report(now)
         interval, window_rounds = self.trace.interval_s, self.window_rounds
         out = []
+        if report is not None:  # where the latest report falls, the same for every queue
+            sent, before, (lo, hi, share), (lo0, hi0, share0) = report
+            span_r, since = max(sent - before, EPS), now - sent
         for name, q in self.queues.items():
             # What the masters report running: forked slots, started or starting (a dead
             # host's are gone at once here; the manager would count them until expiry).
             current = q.active + q.starting
             span = min(len(q.window), window_rounds) * interval
-            arrived = self.reported_arrivals(q, now, report)
+            in_broker = q.backlog + q.started - q.finished + q.locked_lost
+            if report is None:
+                arrived = q.ledger.count(in_broker, 0, 0.0)
+            else:  # reported_arrivals(), finished_by() twice, inlined (every queue, round)
+                settled = q.settled
+                if share is None:
+                    reported = settled[lo] if lo >= 0 else 0
+                else:
+                    reported = settled[lo] + math.floor(share * (settled[hi] - settled[lo])
+                                                        + EPS)
+                if share0 is None:
+                    earlier = settled[lo0] if lo0 >= 0 else 0
+                else:
+                    earlier = settled[lo0] + math.floor(share0 * (settled[hi0] - settled[lo0])
+                                                        + EPS)
+                arrived = q.ledger.count(in_broker, reported, (reported - earlier) / span_r
+                                         * since)
             if arrived is None:
                 window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
                                      span_s=span, recent_s=0)
@@ -249,7 +196,8 @@ class Simulation:
             out.append(QueueInput(name, q.policy, current, window,
                                   servable=everything or name in served,
                                   previous=previous.get(name),
-                                  next_tick_s=q.arrivals.next_tick_s(now)))
+                                  next_tick_s=None if q.arrivals.every_s is None
+                                  else q.arrivals.next_tick_s(now)))
         return out
 
     def report_time(self, j: int) -> float:
@@ -290,12 +238,12 @@ class Simulation:
     def reported_arrivals(self, q: QueueSim, now: float,
                           report: Report | None) -> ArrivalCount | None:
         """Jobs arrived since the previous round as the manager counts them
-        (``manager.arrivals``): the jobs in the broker now (waiting, or started and not
+        (``manager.planning.arrivals``): the jobs in the broker now (waiting, or started and not
         finished) and the jobs finished as the masters' latest report tells them, complete
         up to when it was sent (``report_lag_s`` before the round, give or take
         ``report_jitter_s``); the jobs finished since, estimated from its rate, make the
         count's margin."""
-        in_broker = q.backlog + q.started - q.finished
+        in_broker = q.backlog + q.started - q.finished + q.locked_lost
         if report is None:
             return q.ledger.count(in_broker, 0, 0.0)
         sent, before, at_sent, at_before = report
@@ -421,6 +369,10 @@ class Simulation:
     def kill(self, host: Host, now: float) -> None:
         for name, slots in host.slots.items():
             q = self.queues[name]
+            working = q.active + q.draining
+            if working and slots.active + slots.draining:
+                share = (slots.active + slots.draining) / working
+                lose(q, now, round(share * (q.started - q.finished)), self.dt)
             q.active -= slots.active
             q.starting -= slots.starting
             q.draining -= slots.draining
@@ -442,142 +394,90 @@ class Simulation:
     # --- queues -----------------------------------------------------------------
 
     def serve(self, q: QueueSim, now: float, arriving: int) -> None:
+        # Every queue, every step: attributes read once into locals.
         dt = self.dt
         if arriving:
             q.buckets.append([now, arriving])
             q.backlog += arriving
             q.arrived += arriving
-        budget = q.active * dt
+        if q.redelivery:
+            redeliver(q, now)
+        active = q.active
+        budget = active * dt
         owed = q.assigned - q.done_work
-        if owed > EPS and not q.active and q.draining:
-            # Only stopped slots left: they finish the jobs they hold, and take no more.
-            paid = min(q.draining * dt, owed)
-            q.done_work += paid
-            q.round_busy += paid * self.handler_share(q, now)
-            q.busy_seconds += paid
-        elif owed > EPS and budget > 0:
-            paid = min(budget, owed)
-            q.done_work += paid
-            budget -= paid
-        if q.backlog and budget > EPS:
-            mean = q.job_times.mean_at(now)
-            while q.backlog and budget > EPS:
-                jobs = min(q.backlog, max(1, math.ceil(budget / mean - EPS)))
-                self.start(q, now, jobs)
-                work = q.job_times.total(jobs) + jobs * q.job_cost_s
-                q.assigned += work
-                q.inflight.append([q.assigned, jobs])
-                paid = min(budget, work)
+        if owed > EPS:
+            if not active and q.draining:
+                # Only stopped slots left: they finish the jobs they hold, and take no more.
+                paid = min(q.draining * dt, owed)
+                q.done_work += paid
+                q.round_busy += paid * q.handler_share
+                q.busy_seconds += paid
+            elif budget > 0:
+                paid = budget if budget < owed else owed
                 q.done_work += paid
                 budget -= paid
-        while q.inflight and q.inflight[0][0] <= q.done_work + EPS:
-            q.finished += q.inflight[0][1]
-            q.round_processed += q.inflight.popleft()[1]
-        q.settled.append(q.finished)
-        if len(q.settled) > self.settled_kept:
-            q.settled.popleft()
-        q.round_busy += (q.active * dt - budget) * self.handler_share(q, now)
-        q.busy_seconds += q.active * dt - budget
-        q.round_alive += q.existing * dt
-        q.slot_seconds += q.existing * dt
-        if q.backlog > q.max_backlog:
-            q.max_backlog = q.backlog
-        self.watch(q, now + dt)
-
-    @staticmethod
-    def handler_share(q: QueueSim, now: float) -> float:
-        """The share of a slot's busy time spent in the handler: what the masters report
-        as busy (a batch's take and settle are not)."""
-        if not q.job_cost_s:
-            return 1.0
-        mean = q.job_times.mean_at(now)
-        return mean / (mean + q.job_cost_s)
-
-    def start(self, q: QueueSim, now: float, jobs: int) -> None:
-        q.backlog -= jobs
-        q.started += jobs
-        dt = self.dt
-        while jobs:
-            bucket = q.buckets[0]
-            take = min(jobs, bucket[1])
-            q.waits[round((now - bucket[0]) / dt)] += take
-            bucket[1] -= take
-            jobs -= take
-            if not bucket[1]:
-                q.buckets.popleft()
-
-    def watch(self, q: QueueSim, now: float) -> None:
-        """Time over target and bursts, from the oldest waiting job's age."""
-        age = q.oldest_wait(now)
-        target = q.policy.target_wait
-        if target is not None and age > target + EPS:
-            q.over_target_s += self.dt
-            q.over_target_at.append(now)
-        if age > self.trace.interval_s + EPS:
-            if q.burst_from is None:
-                q.burst_from = now - age
-        elif q.burst_from is not None and q.backlog == 0:
-            q.bursts.append(now - q.burst_from)
-            q.burst_from = None
+        if q.backlog and budget > EPS:
+            budget = take(q, now, budget, self.dt)
+        if q.inflight:
+            settle(q)
+        if q.backlog and q.held_batches < active:
+            # Each free slot holds its next batch at the step's end (taken, not ready).
+            take_batches(q, now, min(q.backlog, (active - q.held_batches)
+                                     * q.policy.batch_size), 0, self.dt)
+        settled = q.settled
+        settled.append(q.finished)
+        if len(settled) > self.settled_kept:
+            settled.popleft()
+        used = active * dt - budget
+        q.round_busy += used * q.handler_share
+        q.busy_seconds += used
+        alive = q.existing * dt
+        q.round_alive += alive
+        q.slot_seconds += alive
+        backlog = q.backlog
+        if backlog > q.max_backlog:
+            q.max_backlog = backlog
+        watch_oldest(q, now + dt, dt, self.trace.interval_s)
 
     def end_round(self, q: QueueSim, index: int, now: float) -> None:
-        processed, busy, alive = q.round_processed, q.round_busy, q.round_alive
-        q.window.append((processed, busy, alive))
-        q.win_processed += processed
-        q.win_busy += busy
-        q.win_alive += alive
-        if len(q.window) > self.window_rounds:
-            old = q.window.popleft()
-            q.win_processed -= old[0]
-            q.win_busy -= old[1]
-            q.win_alive -= old[2]
-        q.round_processed, q.round_busy, q.round_alive = 0, 0.0, 0.0
-        c = q.chunk
-        # Each 'if' is max() as it keeps the first of equals, without the call (every
-        # queue, every round).
-        if q.backlog > c[0]:
-            c[0] = q.backlog
-        c[1] += q.existing
-        if q.planned > c[2]:
-            c[2] = q.planned
-        wait = now - q.buckets[0][0] if q.buckets else 0.0  # q.oldest_wait(now)
-        if wait > c[3]:
-            c[3] = wait
-        c[4] += 1
-        if c[4] == self.chunk or index == self.rounds - 1:
-            s = q.series
-            s.t.append(round(now, 3))
-            s.backlog.append(int(c[0]))
-            s.slots.append(round(c[1] / c[4], 2))
-            s.planned.append(int(c[2]))
-            s.wait.append(round(c[3], 3))
-            q.chunk = [0.0, 0.0, 0.0, 0.0, 0]
+        """A round's end for one queue (bench/sim_vs_real.py samples the queues here)."""
+        close_round(q, index, now, self.window_rounds, self.chunk, self.rounds - 1)
 
     # --- the loop -------------------------------------------------------------------
 
     def run(self) -> PolicyRun:
         steps, dt = self.steps, self.dt
+        self.host_events(0.0)
+        self.start_running({name: spec.start_slots for name, spec in self.trace.queues.items()
+                            if spec.start_slots})
+        queues = list(self.queues.values())
+        first_round = self.trace.first_round_s - EPS
+        serve, end_round, settled_at = self.serve, self.end_round, self.settled_at
         for index in range(self.rounds):
             start = index * self.trace.interval_s
             self.host_events(start)
-            self.plan_round(index, start)
-            arriving = {name: q.arrivals.in_round(index) for name, q in self.queues.items()}
+            if start >= first_round:
+                self.plan_round(index, start)
+            arriving = [q.arrivals.in_round(index) for q in queues]
             for step in range(steps):
                 now = start + step * dt
                 if step:
                     self.host_events(now)
                 self.assign(now)
-                self.slot_events(now)
-                for name, q in self.queues.items():
-                    total = arriving[name]
-                    share = (total * (step + 1)) // steps - (total * step) // steps
-                    self.serve(q, now, share)
-                self.settled_at.append(now + dt)
-                if len(self.settled_at) > self.settled_kept:
-                    self.settled_at.popleft()
+                if self.heap:
+                    self.slot_events(now)
+                if steps == 1:
+                    for q, total in zip(queues, arriving, strict=True):
+                        serve(q, now, total)
+                else:
+                    for q, total in zip(queues, arriving, strict=True):
+                        serve(q, now, (total * (step + 1)) // steps - (total * step) // steps)
+                settled_at.append(now + dt)
+                if len(settled_at) > self.settled_kept:
+                    settled_at.popleft()
             end = start + self.trace.interval_s
-            for q in self.queues.values():
-                self.end_round(q, index, end)
+            for q in queues:
+                end_round(q, index, end)
         reasons = self.policy.reasons if isinstance(self.policy, QclusterPolicy) else []
         return PolicyRun(self.policy.name, self.queues, reasons, self.deaths,
                          self.trace.interval_s, dt, self.detect_s, self.over_capacity,

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from qcluster.manager.planning import QueueInput, QueuePlan, plan, share_capacity
+from qcluster.manager.planning.plan import QueueInput, QueuePlan, plan, share_capacity
 from qcluster.manager.simulator.trace import Trace
 
 POLICIES = ("qcluster", "hpa", "static")
@@ -28,7 +28,7 @@ class Policy(Protocol):
 
 
 class QclusterPolicy:
-    """``manager.planning.plan``, fed its previous round's plan as the manager does."""
+    """``manager.planning.plan.plan``, fed its previous round's plan as the manager does."""
 
     name = "qcluster"
 

@@ -3,7 +3,8 @@
 A trace is what the cluster is asked to do: hosts and their capacity, queues with their
 policy (the ``@app.queue`` keywords), arrival rates over time and job times, and events
 (a host dies, returns, changes capacity). ``load_trace`` reads either a trace (one JSON
-document) or a recording written by ``qcluster manager --record`` (JSON Lines).
+document) or a recording written by ``qcluster manager --record`` (JSON Lines, read with
+the recorder's own models: ``manager/planning/recorder.py`` owns that format).
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from qcluster.manager.planning.recorder import (
+    RecordHeader,
+    RecordLine,
+    RecordRound,
+    parse_record_line,
+)
 from qcluster.policy import QueuePolicy
 
 logger = logging.getLogger(__name__)
@@ -59,6 +66,9 @@ class QueueSpec(_Strict):
     """Seconds a slot spends per batch beyond its jobs' handler time (take, settle,
     report; a busy host's contention). The masters report handler time only, so the
     planner does not see it. A replayed recording's is fitted from its saturated rounds."""
+    start_slots: int = Field(default=0, ge=0)
+    """Slots already running when the trace begins, placed as the manager would (a replayed
+    recording's: those its first round found running); 0: every queue starts cold."""
     job_time: JobTime = JobTime()
 
     @model_validator(mode="after")
@@ -113,6 +123,11 @@ class Trace(_Strict):
     under half an interval, so reports keep their order): a busy host's."""
     assign_delay_s: float = Field(default=1.0, ge=0)
     """Seconds from a plan to the hosts acting on it (their next report)."""
+    first_round_s: float = Field(default=0.0, ge=0)
+    """The manager's first planning round: before it no round plans (the slots are the
+    queues' ``start_slots``) and its first round counts no arrivals, as a manager just
+    started. A replayed recording's is its first round, one interval in: each round's
+    arrivals are replayed in the interval after it, and the recording began there."""
     hosts: dict[str, HostSpec] = Field(min_length=1)
     queues: dict[str, QueueSpec] = Field(min_length=1)
     events: list[Event] = []
@@ -175,39 +190,22 @@ def load_trace(path: Path) -> Trace:
 # --- recordings ------------------------------------------------------------------
 
 
-class _RecHost(BaseModel):
-    slots: int = Field(ge=0)
-    alive: bool = True
-
-
-class _RecQueue(BaseModel):
-    arrived: int = Field(default=0, ge=0)
-    done: int = Field(default=0, ge=0)
-    backlog: int = Field(default=0, ge=0)
-    mean_job_s: float | None = Field(default=None, ge=0)
-    slots: int = Field(default=0, ge=0)
-
-
-class _RecRound(BaseModel):
-    type: Literal["round"]
-    t_s: float = Field(ge=0)
-    hosts: dict[str, _RecHost] = {}
-    queues: dict[str, _RecQueue] = {}
-    policies: dict[str, dict[str, Any]] = {}
-    """Policies of queues first seen in this round, or changed (the recorder's rule)."""
-
-
-class _RecHeader(BaseModel):
-    type: Literal["header"]
-    version: Literal[1]
-    started_at: float
-    interval_s: float = Field(gt=0)
-    queues: dict[str, dict[str, Any]] = {}
-    hosts: dict[str, _RecHost] = {}
-
+#: A queue a round names without carrying its policy replays with this one.
+DEFAULT_POLICY = QueuePolicy.model_validate({})
 
 TINY_JOB_S = 1e-4
 """A measured mean of 0 (jobs faster than the clock tells): replayed as 0.1 ms per job."""
+
+
+def _replayed_queue(policy: QueuePolicy, per_round: list[int],
+                    means: list[tuple[float, float]], saturated: list[float],
+                    start_slots: int) -> QueueSpec:
+    """One recorded queue as a trace's: its rounds' arrivals spread evenly, its measured
+    job times (the policy's estimate before the first), its fitted cost per batch."""
+    mean = means[0][1] if means else policy.est_job_seconds
+    return QueueSpec(policy=policy.model_dump(), per_round=per_round, arrivals="even",
+                     job_time=JobTime(mean_s=mean, changes=means),
+                     batch_cost_s=_batch_cost(saturated, policy), start_slots=start_slots)
 
 
 def recording_to_trace(text: str, source: str = "recording") -> Trace:
@@ -217,10 +215,10 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
     restarted manager) continues the timeline at its ``started_at``."""
     lines = _rec_lines(text, source)
     first = lines[0]
-    if not isinstance(first, _RecHeader):
+    if not isinstance(first, RecordHeader):
         raise TraceError(f"{source}:1: a recording starts with a header")
     interval = first.interval_s
-    policies: dict[str, dict[str, Any]] = {}
+    policies: dict[str, QueuePolicy] = {}
     hosts: dict[str, HostSpec] = {}
     per_round: dict[str, list[int]] = {}
     means: dict[str, list[tuple[float, float]]] = {}
@@ -228,29 +226,27 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
     """Per queue: slot-seconds per job done beyond the handler time, in the rounds in which
     its slots had work all along (a backlog at both ends)."""
     waiting: dict[str, bool] = {}
+    start_slots: dict[str, int] = {}
+    """The slots each queue ran at the recording's first round (before it, masters ran)."""
     events: list[Event] = []
     alive: dict[str, bool] = {}
     capacity: dict[str, int] = {}
     index = 0
     for line in lines:
-        if isinstance(line, _RecHeader):
+        if isinstance(line, RecordHeader):
             # a restart: rounds go on from the new start; the gap between has no rounds
             index = max(index, round((line.started_at - first.started_at) / interval))
             _new_policies(line.queues, policies, per_round, means, index)
-            for name, host in line.hosts.items():
-                if name not in hosts:
-                    hosts[name] = HostSpec(slots=host.slots)
-                    capacity[name], alive[name] = host.slots, True
-                    if index:
-                        events.append(Event(at_s=0.0, host=name, event="die"))
-                        events.append(Event(at_s=index * interval, host=name, event="return"))
+            _header_hosts(line, index * interval, hosts, alive, capacity, events)
             continue
         at = index * interval
         _new_policies(line.policies, policies, per_round, means, index)
         _round_hosts(line, at, index, hosts, alive, capacity, events)
         for name, queue in line.queues.items():
-            if name not in per_round:
-                _new_policies({name: {}}, policies, per_round, means, index)
+            if name not in per_round:  # no policy carried for it: the defaults
+                _new_policies({name: DEFAULT_POLICY}, policies, per_round, means, index)
+            if not index:
+                start_slots[name] = queue.slots
             _pad(per_round[name], index)
             per_round[name].append(queue.arrived)
             if queue.mean_job_s is not None:
@@ -264,48 +260,58 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
         _pad(counts, index)
     if not hosts:
         raise TraceError(f"{source}: the recording names no host")
-    queues = {}
-    for name, fields in policies.items():
-        est = float(fields.get("est_job_seconds", 0.05))
-        mean = means[name][0][1] if means[name] else est
-        queues[name] = QueueSpec(policy=fields, per_round=per_round[name], arrivals="even",
-                                 job_time=JobTime(mean_s=mean, changes=means[name]),
-                                 batch_cost_s=_batch_cost(saturated.get(name, []), fields))
+    queues = {name: _replayed_queue(policy, per_round[name], means[name],
+                                    saturated.get(name, []), start_slots.get(name, 0))
+              for name, policy in policies.items()}
     events.sort(key=lambda e: e.at_s)
     data = {"duration_s": max(1, index) * interval, "interval_s": interval,
+            "first_round_s": interval,
             "hosts": hosts, "queues": queues, "events": events}
     return parse_trace(data, source)
+
+
+def _header_hosts(header: RecordHeader, at: float, hosts: dict[str, HostSpec],
+                  alive: dict[str, bool], capacity: dict[str, int],
+                  events: list[Event]) -> None:
+    """A header's hosts not seen before; one first named by a restarted manager's header
+    (``at`` > 0) was away until then."""
+    for name, host in header.hosts.items():
+        if name not in hosts:
+            hosts[name] = HostSpec(slots=host.slots)
+            capacity[name], alive[name] = host.slots, True
+            if at:
+                events.append(Event(at_s=0.0, host=name, event="die"))
+                events.append(Event(at_s=at, host=name, event="return"))
 
 
 #: Saturated rounds a batch cost is fitted from (fewer: none is fitted).
 MIN_SATURATED_ROUNDS = 3
 
 
-def _batch_cost(overheads: list[float], fields: dict[str, Any]) -> float:
+def _batch_cost(overheads: list[float], policy: QueuePolicy) -> float:
     """The median overhead per job of the saturated rounds, per batch (0 when too few)."""
     if len(overheads) < MIN_SATURATED_ROUNDS:
         return 0.0
     median = sorted(overheads)[len(overheads) // 2]
-    return max(0.0, median) * int(fields.get("batch_size", 1))
+    return max(0.0, median) * policy.batch_size
 
 
 def _pad(counts: list[int], length: int) -> None:
     counts.extend([0] * (length - len(counts)))
 
 
-def _new_policies(carried: dict[str, dict[str, Any]], policies: dict[str, dict[str, Any]],
+def _new_policies(carried: dict[str, QueuePolicy], policies: dict[str, QueuePolicy],
                   per_round: dict[str, list[int]],
                   means: dict[str, list[tuple[float, float]]], index: int) -> None:
     """Policies a header or round carries: a new queue joins (no arrivals before), a
     changed policy replaces the old one (a trace holds one policy per queue: the last)."""
-    for name, fields in carried.items():
+    for name, policy in carried.items():
         if name not in per_round:
             per_round[name], means[name] = [0] * index, []
-        if fields or name not in policies:
-            policies[name] = dict(fields)
+        policies[name] = policy
 
 
-def _round_hosts(rnd: _RecRound, at: float, index: int, hosts: dict[str, HostSpec],
+def _round_hosts(rnd: RecordRound, at: float, index: int, hosts: dict[str, HostSpec],
                  alive: dict[str, bool], capacity: dict[str, int], events: list[Event]) -> None:
     for name, host in rnd.hosts.items():
         if name not in hosts:
@@ -322,9 +328,10 @@ def _round_hosts(rnd: _RecRound, at: float, index: int, hosts: dict[str, HostSpe
             capacity[name] = host.slots
 
 
-def _rec_lines(text: str, source: str) -> list[_RecHeader | _RecRound]:
-    """Every line validated; a last line without its newline that is not JSON is what a
-    crash mid-write leaves (the recorder flushes whole lines): skipped with a warning."""
+def _rec_lines(text: str, source: str) -> list[RecordLine]:
+    """Every line validated with the recorder's models (keys this version does not know are
+    ignored); a last line without its newline that is not JSON is what a crash mid-write
+    leaves (the recorder flushes whole lines): skipped with a warning."""
     raw = text.split("\n")  # not splitlines(): JSON may hold U+2028 unescaped
     parsed = []
     for number, line in enumerate(raw, start=1):
@@ -339,8 +346,7 @@ def _rec_lines(text: str, source: str) -> list[_RecHeader | _RecRound]:
                 break
             raise TraceError(f"{source}:{number}: not JSON: {exc.msg}") from None
         try:
-            is_header = isinstance(data, dict) and data.get("type") == "header"
-            parsed.append((_RecHeader if is_header else _RecRound).model_validate(data))
+            parsed.append(parse_record_line(data))
         except ValidationError as exc:
             raise TraceError(f"{source}:{number}: {_first_error(exc)}") from None
     if not parsed:

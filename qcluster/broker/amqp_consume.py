@@ -1,5 +1,6 @@
-"""The RabbitMQ backend's consuming: one consumer per queue on its own channel, takes
-from its buffer, read-ahead, suspect jobs alone, leaving a queue, lock expiry, and acks."""
+"""The RabbitMQ backend's consumers: one consumer per queue on its own channel, takes
+from its buffer, read-ahead, suspect jobs alone, leaving a queue, lock expiry, and acks
+(:class:`Consumers`, each queue's state a :class:`QueueConsumer`)."""
 
 from __future__ import annotations
 
@@ -12,34 +13,32 @@ from typing import Any
 import amqp
 from kombu import Consumer, Queue
 
-from qcluster.broker.amqp_link import MAX_BLOCK_S
+from qcluster.broker.amqp_link import MAX_BLOCK_S, AmqpLink
 from qcluster.broker.amqp_messages import (
     ACTIVATE_HEADER,
     ATTEMPTS_HEADER,
     SUSPECT_HEADER,
-    _body,
-    _charge_redelivery,
-    _fold_delivery_count,
-    _is_clean,
-    _malformed_delivery,
-    _taken_attempts,
-    _uncounted_redelivery,
+    charge_redelivery,
+    fold_delivery_count,
+    is_clean,
+    malformed_delivery,
+    message_body,
+    taken_attempts,
+    uncounted_redelivery,
 )
-from qcluster.broker.amqp_publish import Publishing
-from qcluster.broker.amqp_topology import queue_exchange
-from qcluster.broker.base import Settlement
+from qcluster.broker.amqp_publish import Publisher
+from qcluster.broker.amqp_topology import Topology, queue_exchange
 from qcluster.job import JSON_CONTENT_TYPE, Delivery
-from qcluster.names import check_queue_name
 
 #: After the first message of a batch arrived, how long to wait for the rest of it.
 BATCH_FILL_S = 0.005
 #: Before a quorum queue's consumer is cancelled, how long the link must be quiet to
-#: conclude the queue sends nothing more to it (see Consuming._cancel).
+#: conclude the queue sends nothing more to it (see Consumers._cancel).
 QUORUM_QUIET_S = 0.05
 
 
 @dataclass
-class _Consumer:
+class QueueConsumer:
     """One queue's consumer on its own channel: delivery tags (and multiple acks)
     never mix queues."""
 
@@ -56,6 +55,11 @@ class _Consumer:
     """Delivery tag -> why kombu could not read the message."""
     extra: list[Consumer] = field(default_factory=list)
     """A quorum queue's consumers added to grow the prefetch (never cancelled to grow)."""
+    alone: bool = False
+    """A suspect job was handed out alone: take one job at a time, with a prefetch of one,
+    until a take brings a job that is not suspect. A dead connection returns every job it
+    held suspect; taking a full batch of them to hand out one and give back the rest cost
+    a republish of the rest per job (quadratic in the jobs held)."""
 
     def unacked(self) -> set[int]:
         return set(self.held) | {m.delivery_tag for m in self.buffer}
@@ -66,31 +70,52 @@ class _Consumer:
 
 
 
-class Consuming(Publishing):
-    """Takes through one consumer per queue; acks."""
+class Consumers:
+    """Takes through one consumer per queue; acks. Holds every queue's
+    :class:`QueueConsumer` and the queue last taken from."""
 
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url, **options)
-        self._consumers: dict[str, _Consumer] = {}
+    def __init__(self, link: AmqpLink, topology: Topology, publisher: Publisher) -> None:
+        self.link = link
+        self.topology = topology
+        self.publisher = publisher
+        self._by_queue: dict[str, QueueConsumer] = {}
         self._active: str | None = None
         """The queue last taken from: taking from another one leaves it."""
 
-    def _reset(self) -> None:
-        self._consumers.clear()
+    def reset(self) -> None:
+        """The connection was lost: its channels and their deliveries are gone (the
+        broker hands the unacked ones out again)."""
+        self._by_queue.clear()
         self._active = None
-        super()._reset()
 
-    def _consumer(self, queue: str, room: int, ahead: int = 0) -> _Consumer:
+    def get(self, queue: str) -> QueueConsumer | None:
+        return self._by_queue.get(queue)
+
+    def locked(self, queue: str) -> int:
+        """Jobs of ``queue`` this process holds unacked (handed out or read ahead)."""
+        state = self._by_queue.get(queue)
+        return len(state.unacked()) if state else 0
+
+    def forget(self, queue: str) -> None:
+        """The queue is being deleted: close its consumer's channel (no Basic.cancel
+        comes from the broker then) and forget it."""
+        state = self._by_queue.pop(queue, None)
+        if state is not None:
+            state.channel.close()
+        if self._active == queue:
+            self._active = None
+
+    def _consumer(self, queue: str, room: int, ahead: int = 0) -> QueueConsumer:
         """The queue's consumer, with a prefetch allowing ``room`` more jobs than held,
         plus ``ahead`` delivered in advance for the next take."""
-        self._declare(queue)
-        current = self._consumers.get(queue)
+        self.topology.declare(queue)
+        current = self._by_queue.get(queue)
         exact = len(current.held) + room if current else room
         wanted = exact + ahead
         if (current and current.consumer is not None and current.prefetch >= wanted
                 and (ahead or current.prefetch <= exact)):
             return current
-        if current and current.consumer is not None and self.queue_type(queue) == "quorum":
+        if current and current.consumer is not None and self.topology.queue_type(queue) == "quorum":
             # Cancelling would charge an attempt to jobs on their way (see _cancel): a
             # second consumer on the channel adds the credit; a larger prefetch is kept.
             if current.prefetch < wanted:
@@ -104,13 +129,13 @@ class Consuming(Publishing):
                 self._cancel(queue, current)
             state = current
         else:
-            state = _Consumer(channel=self.conn.channel(), consumer=None, prefetch=0)
+            state = QueueConsumer(channel=self.link.conn.channel(), consumer=None, prefetch=0)
         state.consumer, state.prefetch = self._start(queue, state, wanted), wanted
-        self._consumers[queue] = state
+        self._by_queue[queue] = state
         return state
 
     @staticmethod
-    def _start(queue: str, state: _Consumer, prefetch: int) -> Consumer:
+    def _start(queue: str, state: QueueConsumer, prefetch: int) -> Consumer:
         """A consumer of ``queue`` on the state's channel, delivering into its buffer."""
         consumer = Consumer(
             state.channel, queues=[Queue(queue, queue_exchange(queue), routing_key=queue,
@@ -123,46 +148,37 @@ class Consuming(Publishing):
         return consumer
 
     def take(
-        self, queue: str, *, max_jobs: int, lock_timeout_s: float, wait_s: float = 0.0
-    ) -> list[Delivery]:
-        check_queue_name(queue)
-        return self._retrying(lambda: self._take(queue, max_jobs, wait_s, lock_timeout_s))
-
-    def settle_and_take(
-        self, queue: str, settlement: Settlement, *, max_jobs: int, lock_timeout_s: float,
-        wait_s: float = 0.0, read_ahead: bool = False,
-    ) -> list[Delivery]:
-        """Acks have no reply, so the settle costs nothing; with ``read_ahead`` the next
-        batch streams in while this one runs instead of after its ack reached the broker
-        (which otherwise leaves both the slot and RabbitMQ idle once per batch)."""
-        check_queue_name(queue)
-        self.settle(queue, settlement)
-        ahead = max_jobs if read_ahead else 0
-        return self._retrying(
-            lambda: self._take(queue, max_jobs, wait_s, lock_timeout_s, ahead)
-        )
-
-    def _take(
         self, queue: str, max_jobs: int, wait_s: float, lock_timeout_s: float, ahead: int = 0
     ) -> list[Delivery]:
+        """Up to ``max_jobs`` deliveries of ``queue``, waiting up to ``wait_s`` for the
+        first; ``ahead`` more are read ahead for the next take (``Broker.take``). Call
+        inside the link's ``retrying``."""
         if queue != self._active:
             self._leave_others(queue)
-        if any(state.held for state in self._consumers.values()):
+        if any(state.held for state in self._by_queue.values()):
             self._expire_locks()
+        known = self._by_queue.get(queue)
+        if known is not None and known.alone:
+            max_jobs, ahead = 1, 0
         state = self._consumer(queue, max_jobs, ahead)
-        if not state.buffer and wait_s <= 0 and self._count(queue) > 0:
-            wait_s = 2.0  # ready jobs are on their way: --burst must not stop early
+        if not state.buffer and wait_s <= 0:
+            # What the broker already sent (a take that found a full batch in the buffer
+            # read nothing more): only an empty link costs the round trip of a count.
+            self.link.drain(0.0, every_buffered=True)
+            if not state.buffer and self.link.count(queue) > 0:
+                wait_s = 2.0  # ready jobs are on their way: --burst must not stop early
         deadline = time.monotonic() + max(wait_s, BATCH_FILL_S)
         while True:
             while not state.buffer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
-                self._drain(min(remaining, MAX_BLOCK_S))
+                self.link.drain(min(remaining, MAX_BLOCK_S), every_buffered=True)
             # The broker streams the batch in: collect what arrives right behind the first.
-            while len(state.buffer) < max_jobs and self._drain(BATCH_FILL_S):
+            while (len(state.buffer) < max_jobs
+                   and self.link.drain(BATCH_FILL_S, every_buffered=True)):
                 pass
-            now = time.time()
+            now, epoch = time.time(), self.link.epoch
             messages: list[Any] = []
             out: list[Delivery] = []
             redelivered: list[Any] = []
@@ -170,10 +186,10 @@ class Consuming(Publishing):
             buffer, held = state.buffer, state.held
             while buffer and len(out) < max_jobs:
                 message = buffer.popleft()
-                if _uncounted_redelivery(message):
+                if uncounted_redelivery(message):
                     redelivered.append(message)
                     continue
-                delivery = self._delivery(state, message, now)
+                delivery = self._delivery(state, message, now, epoch)
                 if delivery.suspect and suspect is None:
                     suspect = len(out)
                 held[message.delivery_tag] = delivery
@@ -183,20 +199,26 @@ class Consuming(Publishing):
                 self._give_back_raw(queue, state, redelivered)
             if suspect is not None:
                 out = self._hold_one_suspect(queue, state, out, messages, suspect)
+            elif out:
+                state.alone = False
             if out:
                 state.takes.append((time.monotonic() + lock_timeout_s, out))
                 return out
 
     def _hold_one_suspect(
-        self, queue: str, state: _Consumer, out: list[Delivery], messages: list[Any],
+        self, queue: str, state: QueueConsumer, out: list[Delivery], messages: list[Any],
         index: int,
     ) -> list[Delivery]:
         """Hand out the suspect job alone and hold nothing else while it runs: the
-        consumer is stopped (the next take starts it again) and the rest of the take and
-        of the read-ahead go back unchanged. If the job kills its slot again, only it is
-        redelivered and charged, not whatever else the slot had prefetched."""
+        consumer is stopped (the next take starts it again; even at a prefetch of one, the
+        job may have come from a consumer restarted since, whose credit would let one more
+        in) and the rest of the take and of the read-ahead go back unchanged. If the job
+        kills its slot again, only it is redelivered and charged, not whatever else the slot
+        had prefetched. The next takes are of one job until one is not suspect
+        (``QueueConsumer.alone``)."""
         if state.consumer is not None:
             self._cancel(queue, state)
+        state.alone = True
         rest = messages[:index] + messages[index + 1:]
         for message in rest:
             del state.held[message.delivery_tag]
@@ -209,21 +231,22 @@ class Consuming(Publishing):
     def _leave_others(self, queue: str) -> None:
         """Taking from ``queue`` now: stop every other queue's consumer (a slot moved to
         another queue must not keep the old one's jobs locked and invisible)."""
-        for other, state in list(self._consumers.items()):
+        for other, state in list(self._by_queue.items()):
             if other != queue:
                 self._leave(other, state)
         self._active = queue
 
     def leave(self, queue: str) -> None:
         """Cancel the queue's consumer and give its read-ahead deliveries back, not
-        charged; jobs handed out and not settled stay locked until settled or expired."""
-        state = self._consumers.get(queue)
+        charged; jobs handed out and not settled stay locked until settled or expired.
+        Call inside the link's ``retrying`` when the queue has a consumer."""
+        state = self._by_queue.get(queue)
         if state is not None:
-            self._retrying(lambda: self._leave(queue, state))
+            self._leave(queue, state)
         if self._active == queue:
             self._active = None
 
-    def _leave(self, queue: str, state: _Consumer) -> None:
+    def _leave(self, queue: str, state: QueueConsumer) -> None:
         if state.consumer is not None:
             self._cancel(queue, state)
         if state.buffer:
@@ -231,10 +254,10 @@ class Consuming(Publishing):
             self._give_back_raw(queue, state, messages)
             state.buffer.clear()
         if not state.held:
-            self._consumers.pop(queue, None)
+            self._by_queue.pop(queue, None)
             state.channel.close()
 
-    def _cancel(self, queue: str, state: _Consumer) -> None:
+    def _cancel(self, queue: str, state: QueueConsumer) -> None:
         """Stop the queue's consumers (each waits for cancel-ok: every delivery of a
         classic queue is in the buffer). A quorum queue (RabbitMQ 3.10) keeps back the
         messages it had already assigned to a consumer and returns them later counted as a
@@ -242,8 +265,9 @@ class Consuming(Publishing):
         alone, and only once its credit is used up: what the queue assigned is received
         first, unless the link stays quiet (the queue ran dry). See docs/operations.md,
         'Quorum queues'."""
-        if state.consumer is not None and self.queue_type(queue) == "quorum":
-            while len(state.unacked()) < state.prefetch and self._drain(QUORUM_QUIET_S):
+        if state.consumer is not None and self.topology.queue_type(queue) == "quorum":
+            while (len(state.unacked()) < state.prefetch
+                   and self.link.drain(QUORUM_QUIET_S, every_buffered=True)):
                 pass
         for consumer in (state.consumer, *state.extra):
             if consumer is not None:
@@ -255,7 +279,7 @@ class Consuming(Publishing):
         """Give back, counted and suspect, the jobs taken more than their lock_timeout
         ago and never settled (``on_error="lock"``): RabbitMQ has no lock timeout."""
         now = time.monotonic()
-        for queue, state in list(self._consumers.items()):
+        for queue, state in list(self._by_queue.items()):
             expired: list[Delivery] = []
             while state.takes and state.takes[0][0] <= now:
                 _, deliveries = state.takes.popleft()
@@ -265,17 +289,17 @@ class Consuming(Publishing):
             if expired:
                 items = [(d.id, d.body, {ATTEMPTS_HEADER: d.attempts, SUSPECT_HEADER: 1,
                                          ACTIVATE_HEADER: d.activate_at}) for d in expired]
-                self._send(queue, items, 0.0)
-                self._ack(state, {d.receipt[1] for d in expired})
+                self.publisher.send(queue, items, 0.0)
+                self.ack(state, {d.receipt[1] for d in expired})
                 if state.consumer is None and not state.held:
-                    self._consumers.pop(queue, None)
+                    self._by_queue.pop(queue, None)
                     state.channel.close()
 
-    def _give_back_raw(self, queue: str, state: _Consumer, messages: list[Any]) -> None:
+    def _give_back_raw(self, queue: str, state: QueueConsumer, messages: list[Any]) -> None:
         """Republish delivered messages, then ack them: unchanged when they were never
         handed out (no attempt charged); suspect when the broker redelivered them (the
         consumer that had them died), charged an attempt only if they were suspect
-        already (amqp_messages._charged: a suspect job ran alone, so the death was its
+        already (amqp_messages.charged: a suspect job ran alone, so the death was its
         own; any other held job may not have run at all). Confirmed before the ack: a
         crash in between duplicates, never loses.
 
@@ -286,38 +310,39 @@ class Consuming(Publishing):
         for message in messages:
             properties = dict(message.properties)
             headers = dict(properties.get("application_headers") or {})
-            if _uncounted_redelivery(message):
-                _charge_redelivery(headers, 1)
+            if uncounted_redelivery(message):
+                charge_redelivery(headers, 1)
                 headers.setdefault(ACTIVATE_HEADER, time.time())
-            _fold_delivery_count(headers)  # a quorum queue's count, neither lost nor doubled
+            fold_delivery_count(headers)  # a quorum queue's count, neither lost nor doubled
             properties["application_headers"] = headers
             properties["delivery_mode"] = 2
-            copies.append(amqp.Message(_body(message), **properties))
+            copies.append(amqp.Message(message_body(message), **properties))
             state.undecodable.pop(message.delivery_tag, None)
-        self._publish(queue, copies)
+        self.publisher.publish(queue, copies)
         for message in messages:
             state.channel.basic_ack(message.delivery_tag)
 
-    def _delivery(self, state: _Consumer, message: Any, now: float) -> Delivery:
+    @staticmethod
+    def _delivery(state: QueueConsumer, message: Any, now: float, epoch: int) -> Delivery:
         tag = message.delivery_tag
         try:
             headers = message.headers or {}
-            attempts, suspect = _taken_attempts(headers)
+            attempts, suspect = taken_attempts(headers)
             activate_at = float(headers.get(ACTIVATE_HEADER, now))
             job_id = message.properties.get("message_id") or f"amqp-{tag}"
             body = message.body if isinstance(message.body, bytes) else message.body.encode()
-            if (not isfinite(activate_at) or not (job_id.isascii() or _is_clean(job_id))
+            if (not isfinite(activate_at) or not (job_id.isascii() or is_clean(job_id))
                     or (state.undecodable and tag in state.undecodable)):
                 raise ValueError(state.undecodable.get(tag) or "unreadable id or activation")
             # Positional: this runs once per job.
             return Delivery(job_id, body, attempts, activate_at, now, message.content_type or "",
-                            (self._generation, tag), suspect)
+                            (epoch, tag), suspect)
         except Exception as exc:  # anything a producer can send: never kill the slot
-            return _malformed_delivery(message, exc, (self._generation, tag), now,
-                                       state.undecodable.pop(tag, ""))
+            return malformed_delivery(message, exc, (epoch, tag), now,
+                                      state.undecodable.pop(tag, ""))
 
     @staticmethod
-    def _ack(state: _Consumer, tags: set[int]) -> None:
+    def ack(state: QueueConsumer, tags: set[int]) -> None:
         last = max(tags)
         if all(tag in tags for tag in state.unacked() if tag <= last):
             state.channel.basic_ack(last, multiple=True)

@@ -1,7 +1,8 @@
-"""The RabbitMQ backend's connection layer: URL options, connecting with retries,
-heartbeats (sent by a thread, checked when reading), reading frames, and the channel used
-to inspect queues. The layers above (topology, publishing, consuming) and
-:class:`~qcluster.broker.kombu_broker.KombuBroker` build on :class:`AmqpLink`."""
+"""The RabbitMQ backend's link: URL options, one kombu connection with retries and
+reconnects, its epoch, heartbeats (sent by a thread, checked when reading), reading
+frames, and the channel used to inspect queues. The other parts of
+:class:`~qcluster.broker.kombu_broker.KombuBroker` (topology, publisher, consumers, job
+reads) each hold this :class:`AmqpLink` and call it."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import amqp
 
 from qcluster.broker.amqp_readahead import Connection
-from qcluster.broker.base import Broker, mask_url
+from qcluster.broker.base import mask_url
+from qcluster.broker.urls import join_urls, split_urls
 from qcluster.errors import BrokerError, BrokerUnavailable
 
-logger = logging.getLogger("qcluster.broker.kombu_broker")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -37,7 +39,7 @@ def split_url_options(url: str) -> tuple[str, dict[str, float]]:
     """
     options = dict(URL_OPTIONS)
     urls = []
-    for one in url.split(";"):
+    for one in split_urls(url):
         parts = urlsplit(one)
         rest = []
         for piece in parts.query.split("&") if parts.query else []:
@@ -55,16 +57,23 @@ def split_url_options(url: str) -> tuple[str, dict[str, float]]:
                 )
             options[key] = seconds
         urls.append(urlunsplit(parts._replace(query="&".join(rest))))
-    return ";".join(urls), options
+    return join_urls(urls), options
 
 
 
-class AmqpLink(Broker):
-    """One kombu connection (failover URLs round-robin) and what every layer needs of it."""
+class AmqpLink:
+    """One kombu connection (failover URLs round-robin) and what every part needs of it.
+
+    ``epoch`` counts the connections: it grows each time the connection is lost, so a
+    delivery tag of an earlier connection (a delivery's receipt is ``(epoch, tag)``) is
+    never taken for one of this connection. ``on_lost`` is called first when the
+    connection is lost or closed, so the parts built on it forget their channels, before
+    the link forgets its own (:meth:`lost`); ``on_wait`` between reconnect attempts."""
 
     def __init__(
         self, url: str, *, max_retries: int, connect_timeout_s: float | None,
-        confirm_timeout_s: float,
+        confirm_timeout_s: float, on_lost: Callable[[], None] = lambda: None,
+        on_wait: Callable[[], None] = lambda: None,
     ) -> None:
         kombu_url, options = split_url_options(url)
         self.url = url
@@ -72,6 +81,8 @@ class AmqpLink(Broker):
         self.max_retries = max_retries
         self.confirm_timeout_s = confirm_timeout_s
         self.heartbeat_s = options["heartbeat"]
+        self.on_lost = on_lost
+        self.on_wait = on_wait
         self.conn = Connection(
             kombu_url,
             failover_strategy="round-robin",
@@ -79,32 +90,32 @@ class AmqpLink(Broker):
             connect_timeout=connect_timeout_s or options["connect_timeout"],
             heartbeat=self.heartbeat_s,
         )
-        self._recoverable: tuple[type[BaseException], ...] = (
+        self.recoverable: tuple[type[BaseException], ...] = (
             *self.conn.recoverable_connection_errors,
             *self.conn.recoverable_channel_errors,
             OSError,
         )
-        self._generation = 0
+        self.epoch = 0
         self._inspect: Any = None
         self._closed = threading.Event()
         self._beats: threading.Thread | None = None
-        self._link: Any = None
-        """The py-amqp connection _connect last saw (the heartbeat thread's)."""
+        self._live: Any = None
+        """The py-amqp connection connect() last saw (the heartbeat thread's)."""
         self._next_tick = 0.0
 
     # --- connection handling --------------------------------------------------
 
-    def _connect(self) -> None:
+    def connect(self) -> None:
         try:
             self.conn.ensure_connection(
                 max_retries=self.max_retries, interval_start=0.2, interval_step=0.5,
-                interval_max=3.0, errback=lambda exc, interval: self._waiting(),
+                interval_max=3.0, errback=lambda exc, interval: self.on_wait(),
             )
         except Exception as exc:
             raise BrokerUnavailable(f"RabbitMQ at {self.safe_url} unreachable: {exc}") from exc
         # The live py-amqp connection, for the heartbeat thread (which must never connect):
         # kombu may have reconnected inside ensure_connection, so read it every time.
-        self._link = self.conn.connection
+        self._live = self.conn.connection
         if self._beats is None and self.heartbeat_s > 0:
             self._beats = threading.Thread(
                 target=self._send_heartbeats, args=(self._closed,),
@@ -119,58 +130,65 @@ class AmqpLink(Broker):
         Writing a frame from here is safe: py-amqp serialises frame writes with a lock.
         Receiving stays on the slot's thread, which checks the broker's heartbeats."""
         while not closed.wait(self.heartbeat_s / 2):
-            connection = self._link  # None while disconnected; never connect here
+            connection = self._live  # None while disconnected; never connect here
             try:
                 if connection is not None and connection.connected:
                     connection.send_heartbeat()
             except Exception:  # the slot's thread finds out and reconnects
                 logger.debug("sending a heartbeat failed", exc_info=True)
 
-    def _reset(self) -> None:
-        """Forget every channel: the broker returns their unacked jobs by itself. Each
-        layer forgets its own state first (its override), then calls this."""
-        self._generation += 1
-        self._link = None
+    def lost(self) -> None:
+        """Forget every channel: the broker returns their unacked jobs by itself. The
+        parts built on the link forget theirs first (``on_lost``), then the epoch grows."""
+        self.on_lost()
+        self.epoch += 1
+        self._live = None
         self._inspect = None
         try:
             self.conn.collect()
         except Exception:  # best effort on a connection that is already broken
             logger.debug("collect after a connection error failed", exc_info=True)
 
-    def _waiting(self) -> None:
-        """Between reconnect attempts (each may take connect_timeout through a dead link):
-        let the caller show it is alive (Broker.on_wait)."""
-        if self.on_wait is not None:
-            self.on_wait()
-
-    def _retrying(self, op: Callable[[], T]) -> T:
+    def retrying(self, op: Callable[[], T]) -> T:
+        """``op`` on a live connection; after a recoverable error the connection is
+        lost (:meth:`lost`) and ``op`` runs again, at most ``max_retries`` more times."""
         for attempt in range(self.max_retries + 1):
             try:
-                self._connect()
+                self.connect()
                 return op()
             except BrokerError:
                 raise
-            except self._recoverable as exc:
+            except self.recoverable as exc:
                 logger.warning("RabbitMQ at %s: %s (attempt %d)", self.safe_url, exc, attempt + 1)
-                self._reset()
+                self.lost()
                 if attempt == self.max_retries:
                     raise BrokerUnavailable(
                         f"RabbitMQ at {self.safe_url} unreachable: {exc}"
                     ) from exc
-                self._waiting()
+                self.on_wait()
                 time.sleep(min(0.1 * 2**attempt, 2.0))
             except amqp.exceptions.AMQPError as exc:
-                self._reset()
+                self.lost()
                 raise BrokerError(f"RabbitMQ at {self.safe_url}: {exc}") from exc
         raise AssertionError("unreachable")
 
-    def _drain(self, timeout_s: float) -> bool:
-        """Process incoming frames for up to ``timeout_s``; False when none came.
+    def drain(self, timeout_s: float, *, every_buffered: bool = False) -> bool:
+        """Process incoming frames for up to ``timeout_s``, until one method is complete;
+        False when none came. ``every_buffered``: then every frame already received too
+        (a consumer reading its deliveries, a few hundred per read). Not for a caller
+        waiting for a reply: a frame behind it (a consumer's cancel, a channel's close)
+        would raise after the reply came (a publish confirmed, then sent again).
 
         Heartbeats are checked after reading (whatever arrived while a handler ran is
         read first), so a silent link raises ConnectionForced after two intervals."""
         try:
-            self.conn.drain_events(timeout=max(timeout_s, 0.001))
+            raw = self.conn.connection
+            # None: not our connection class (or one method wanted).
+            drain = getattr(raw, "drain_buffered", None) if every_buffered else None
+            if drain is None:
+                self.conn.drain_events(timeout=max(timeout_s, 0.001))
+            else:
+                drain(timeout=max(timeout_s, 0.001))
             got = True
         except TimeoutError:  # socket.timeout is an alias
             got = False
@@ -182,29 +200,31 @@ class AmqpLink(Broker):
 
     # --- inspecting -----------------------------------------------------------
 
-    def _inspector(self) -> Any:
+    def inspector(self) -> Any:
+        """The channel that declares and counts queues (opened when first needed)."""
         if self._inspect is None:
             self._inspect = self.conn.channel()
         return self._inspect
 
-    def _count(self, name: str) -> int:
+    def inspector_closed(self) -> None:
+        """The broker closed the inspecting channel (a refused declare): open another."""
+        self._inspect = None
+
+    def count(self, name: str) -> int:
         """Ready messages in queue ``name``; 0 when it does not exist."""
         try:
-            return int(self._inspector().queue_declare(name, passive=True).message_count)
+            return int(self.inspector().queue_declare(name, passive=True).message_count)
         except amqp.exceptions.NotFound:
             self._inspect = None  # the broker closed the channel
             return 0
 
-    def _count_exists(self, name: str) -> bool:
+    def exists(self, name: str) -> bool:
         try:
-            self._inspector().queue_declare(name, passive=True)
+            self.inspector().queue_declare(name, passive=True)
             return True
         except amqp.exceptions.NotFound:
             self._inspect = None
             return False
-
-    def ping(self) -> None:
-        self._retrying(lambda: None)
 
     def close(self) -> None:
         self._closed.set()  # stops the heartbeat thread
@@ -213,4 +233,4 @@ class AmqpLink(Broker):
             self.conn.release()
         except Exception:  # closing a broken connection: nothing left to release
             logger.debug("closing the RabbitMQ connection failed", exc_info=True)
-        self._reset()
+        self.lost()

@@ -49,7 +49,7 @@ from qcluster.broker.amqp_messages import ACTIVATE_HEADER
 from qcluster.broker.amqp_single import DocumentHeld, SingleDocumentQueue
 from qcluster.job import JSON_CONTENT_TYPE
 
-logger = logging.getLogger("qcluster.broker.kombu_broker")
+logger = logging.getLogger(__name__)
 
 LOCK_QUEUE = "qc~periodic.lock"
 #: Followed by a periodic job's name: the queue of its receipts (see receipt_queue).
@@ -68,7 +68,7 @@ HELD_LEDGER_BACKOFF_S = 0.9
 
 class PeriodicLedger:
     """The lock and the ledger over one kombu connection. Not thread-safe (the broker's
-    caller serialises its calls); call inside the broker's ``_retrying``."""
+    caller serialises its calls); call inside the broker link's ``retrying``."""
 
     def __init__(self, conn: Any, confirm_timeout_s: float) -> None:
         self.conn = conn
@@ -93,7 +93,7 @@ class PeriodicLedger:
                 job_id: str, body: bytes) -> bool:
         """``Broker.publish_tick``: one publish routed to ``queue`` and to the job's
         receipt queue (``BCC``), so both hold the tick or neither does; then the ledger.
-        A call after a lost confirm (the broker's ``_retrying`` calls again on a new
+        A call after a lost confirm (the broker link's ``retrying`` calls again on a new
         connection) reads the receipt and publishes nothing more. ``declare`` declares
         ``queue`` as its policies say."""
         if not self._hold():

@@ -1,4 +1,4 @@
-"""The RabbitMQ backend's publishing: mandatory publishes with publisher confirms, many in
+"""The RabbitMQ backend's publisher: mandatory publishes with publisher confirms, many in
 flight at once, declaring the queue again when the broker returned a message."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import amqp
 from kombu.transport import native_delayed_delivery as ndd
 
-from qcluster.broker.amqp_link import MAX_BLOCK_S
+from qcluster.broker.amqp_link import MAX_BLOCK_S, AmqpLink
 from qcluster.broker.amqp_messages import ACTIVATE_HEADER
 from qcluster.broker.amqp_topology import (
     TOP_LEVEL,
@@ -24,12 +24,11 @@ from qcluster.broker.amqp_topology import (
 from qcluster.broker.base import DeadRetention
 from qcluster.errors import BrokerError, BrokerUnavailable
 from qcluster.job import JSON_CONTENT_TYPE
-from qcluster.names import check_queue_name
 
-logger = logging.getLogger("qcluster.broker.kombu_broker")
+logger = logging.getLogger(__name__)
 
 
-class _Confirms:
+class Confirms:
     """Publisher confirms and returns (mandatory) for many messages on one channel."""
 
     def __init__(self, channel: Any) -> None:
@@ -68,25 +67,27 @@ class _Confirms:
 
 
 
-class Publishing(Topology):
-    """Publishes through one confirmed channel."""
+class Publisher:
+    """Publishes through one confirmed channel (opened when first needed)."""
 
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url, **options)
-        self._pub: Any = None
-        self._confirms: _Confirms | None = None
+    def __init__(self, link: AmqpLink, topology: Topology) -> None:
+        self.link = link
+        self.topology = topology
+        self._channel: Any = None
+        self._confirms: Confirms | None = None
 
-    def _reset(self) -> None:
-        self._pub = self._confirms = None
-        super()._reset()
+    def reset(self) -> None:
+        """The connection was lost (or the broker closed the channel): open another."""
+        self._channel = self._confirms = None
 
-    def _publisher(self) -> tuple[Any, _Confirms]:
-        if self._pub is None or self._confirms is None:
-            self._pub = self.conn.channel()
-            self._confirms = _Confirms(self._pub)
-        return self._pub, self._confirms
+    def confirmed_channel(self) -> tuple[Any, Confirms]:
+        """The publishing channel and its confirms."""
+        if self._channel is None or self._confirms is None:
+            self._channel = self.link.conn.channel()
+            self._confirms = Confirms(self._channel)
+        return self._channel, self._confirms
 
-    def _send(
+    def send(
         self, queue: str, items: Iterable[tuple[str, bytes, dict[str, Any]]], delay_s: float,
         *, dead: DeadRetention | None = None,
     ) -> None:
@@ -102,9 +103,9 @@ class Publishing(Topology):
             )
             for job_id, body, headers in items
         ]
-        self._publish(queue, messages, countdown, dead=dead)
+        self.publish(queue, messages, countdown, dead=dead)
 
-    def _publish(
+    def publish(
         self, queue: str, messages: list[Any], countdown: int = 0, *,
         dead: DeadRetention | None = None,
     ) -> None:
@@ -114,54 +115,44 @@ class Publishing(Topology):
         try:
             returned = self._publish_once(queue, messages, countdown, dead)
         except amqp.exceptions.NotFound as exc:
-            logger.warning("RabbitMQ at %s: %s; declaring %s again", self.safe_url, exc, queue)
-            self._pub = self._confirms = self._inspect = None  # the broker closed them
-            self._forget_topology(queue)
+            logger.warning("RabbitMQ at %s: %s; declaring %s again", self.link.safe_url, exc,
+                           queue)
+            self.reset()  # the broker closed both channels
+            self.link.inspector_closed()
+            self.topology.forget(queue)
             returned = self._publish_once(queue, messages, countdown, dead)
         if returned:
             logger.warning("RabbitMQ at %s: %d message(s) for %s unroutable; declaring it "
-                           "again", self.safe_url, len(returned), queue)
-            self._forget_topology(queue)
+                           "again", self.link.safe_url, len(returned), queue)
+            self.topology.forget(queue)
             if self._publish_once(queue, returned, countdown, dead):
                 raise BrokerError(
-                    f"RabbitMQ at {self.safe_url}: no queue took messages for {queue!r}"
+                    f"RabbitMQ at {self.link.safe_url}: no queue took messages for {queue!r}"
                 )
 
     def _publish_once(
         self, queue: str, messages: list[Any], countdown: int, dead: DeadRetention | None
     ) -> list[Any]:
         """Publish and wait for every confirm; returns the messages the broker returned."""
-        self._declare(queue)
+        self.topology.declare(queue)
         if dead:
-            self._declare_dead(queue, dead)
+            self.topology.declare_dead(queue, dead)
             exchange, routing_key = "", dead_queue_name(queue)
         elif countdown:
-            self._declare_ladder(queue)
+            self.topology.declare_ladder(queue)
             exchange = ndd.level_name(TOP_LEVEL, ladder_prefix(queue))
             routing_key = ndd.calculate_routing_key(countdown, queue)
         else:
             exchange, routing_key = queue_exchange(queue).name, queue
-        channel, confirms = self._publisher()
+        channel, confirms = self.confirmed_channel()
         confirms.returned = []
         for message in messages:
             channel.basic_publish(message, exchange=exchange, routing_key=routing_key,
                                   mandatory=True)
             confirms.published += 1
-        deadline = time.monotonic() + self.confirm_timeout_s
+        deadline = time.monotonic() + self.link.confirm_timeout_s
         while not confirms.all_confirmed():
             if time.monotonic() > deadline:
-                raise BrokerUnavailable(f"RabbitMQ at {self.safe_url}: no publisher confirm")
-            self._drain(MAX_BLOCK_S)
+                raise BrokerUnavailable(f"RabbitMQ at {self.link.safe_url}: no publisher confirm")
+            self.link.drain(MAX_BLOCK_S)
         return confirms.returned
-
-    def publish_many(
-        self, queue: str, messages: Sequence[tuple[str, bytes]], *, delay_s: float = 0.0
-    ) -> list[str]:
-        """Every message is stored and returned as new: AMQP cannot look an id up in a
-        queue (base.Broker.publish_many)."""
-        check_queue_name(queue)
-        items: list[tuple[str, bytes, dict[str, Any]]] = [
-            (job_id, body, {}) for job_id, body in messages
-        ]
-        self._retrying(lambda: self._send(queue, items, delay_s))
-        return list(dict.fromkeys(job_id for job_id, _ in messages))

@@ -41,7 +41,7 @@ class DocumentHeld(BrokerUnavailable):
 
 class SingleDocumentQueue:
     """One queue's document over a kombu connection (``conn.channel()`` opens a channel).
-    Not thread-safe; call inside the broker's ``_retrying``."""
+    Not thread-safe; call inside the broker link's ``retrying``."""
 
     def __init__(self, conn: Any, queue: str, confirm_timeout_s: float) -> None:
         self.conn = conn

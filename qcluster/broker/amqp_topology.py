@@ -1,7 +1,7 @@
 """The RabbitMQ backend's topology: each queue's exchange, its dead-letter store and its
 delay ladder, with their names, declared once per connection (again after someone
-deleted them). A queue is a classic queue or a quorum queue (``queue_type``): its store and
-its ladder are declared of the same type."""
+deleted them) by :class:`Topology`. A queue is a classic queue or a quorum queue
+(``queue_type``): its store and its ladder are declared of the same type."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from kombu.transport import native_delayed_delivery as ndd
 from qcluster.broker.amqp_link import AmqpLink
 from qcluster.broker.amqp_readahead import Connection
 from qcluster.broker.base import DeadRetention
+from qcluster.broker.urls import join_urls, split_urls
 from qcluster.errors import BrokerError
 from qcluster.policy import QueuePolicy
 
-logger = logging.getLogger("qcluster.broker.kombu_broker")
+logger = logging.getLogger(__name__)
 
 #: The ladder's top level; kombu publishes every delayed message there.
 TOP_LEVEL = ndd.MAX_LEVEL
@@ -70,7 +71,7 @@ def split_queue_type(url: str) -> tuple[str, QueueType | None]:
     """The URL(s) without the ``queue_type`` option, and its value (None: not given)."""
     found: QueueType | None = None
     urls = []
-    for one in url.split(";"):
+    for one in split_urls(url):
         parts = urlsplit(one)
         rest = []
         for piece in parts.query.split("&") if parts.query else []:
@@ -80,7 +81,7 @@ def split_queue_type(url: str) -> tuple[str, QueueType | None]:
                 continue
             found = check_queue_type(value, f"RabbitMQ URL option {QUEUE_TYPE_OPTION}")
         urls.append(urlunsplit(parts._replace(query="&".join(rest))))
-    return ";".join(urls), found
+    return join_urls(urls), found
 
 
 def check_queue_type(value: str, what: str) -> QueueType:
@@ -162,16 +163,19 @@ class _ChannelTracker:
 
 
 
-class Topology(AmqpLink):
-    """Declares queues, dead-letter stores and delay ladders (once per connection)."""
+class Topology:
+    """Declares queues, dead-letter stores and delay ladders (once per connection) on
+    the link's inspecting channel, and knows each queue's options and type."""
 
-    def __init__(self, url: str, **options: Any) -> None:
-        url, self._default_type = split_queue_type(url)
-        super().__init__(url, **options)
+    def __init__(self, link: AmqpLink, default_type: QueueType | None) -> None:
+        """``default_type``: the URL's ``?queue_type=`` (:func:`split_queue_type`)."""
+        self.link = link
+        self._default_type = default_type
         self._declared: set[str] = set()
         self._dead_declared: set[str] = set()
         self._laddered: set[str] = set()
-        self._seen: set[str] = set()
+        self.seen: set[str] = set()
+        """Every queue this process declared (AMQP cannot list a broker's queues)."""
         self._asked_types: dict[str, QueueType] = {}
         """Per-queue types from the queues' policies (set_queue_options)."""
         self._max_attempts: dict[str, int] = {}
@@ -212,13 +216,13 @@ class Topology(AmqpLink):
             "x-dead-letter-routing-key": dead_queue_name(queue),
         }
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
+        """The connection was lost: declare everything again on the next one."""
         self._declared.clear()
         self._dead_declared.clear()
         self._laddered.clear()
-        super()._reset()
 
-    def _declare(self, queue: str) -> None:
+    def declare(self, queue: str) -> None:
         if queue in self._declared:
             return
         wanted = self._wanted_type(queue) or "classic"
@@ -237,10 +241,10 @@ class Topology(AmqpLink):
             logger.warning(
                 "RabbitMQ at %s: queue %s exists with other arguments (%s, not %s); it is "
                 "used as it is: RabbitMQ cannot change them. See docs/operations.md, "
-                "'Quorum queues'.", self.safe_url, queue, existing, asked)
+                "'Quorum queues'.", self.link.safe_url, queue, existing, asked)
         self._types[queue] = found
         self._declared.add(queue)
-        self._seen.add(queue)
+        self.seen.add(queue)
 
     def _declare_as_it_is(self, queue: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """Declare ``queue`` (its exchange and binding too) with ``arguments``; if it
@@ -253,16 +257,16 @@ class Topology(AmqpLink):
         for _ in range(MAX_LEARNING_DECLARES):
             try:
                 Queue(queue, exchange, routing_key=queue, durable=True,
-                      queue_arguments=arguments).bind(self._inspector()).declare()
+                      queue_arguments=arguments).bind(self.link.inspector()).declare()
                 return arguments
             except amqp.exceptions.PreconditionFailed as exc:
-                self._inspect = None  # the broker closed the channel
+                self.link.inspector_closed()
                 if not _learn(arguments, str(getattr(exc, "reply_text", "") or exc)):
                     raise
-        raise BrokerError(f"RabbitMQ at {self.safe_url}: cannot declare queue {queue!r} "
+        raise BrokerError(f"RabbitMQ at {self.link.safe_url}: cannot declare queue {queue!r} "
                           "with the arguments it has")
 
-    def _declare_dead(self, queue: str, retention: DeadRetention) -> None:
+    def declare_dead(self, queue: str, retention: DeadRetention) -> None:
         """The queue's dead-letter store, declared at its first dead letter (by a slot,
         which knows the queue's retention): RabbitMQ drops the oldest letter past
         ``x-max-length`` and any letter past ``x-message-ttl``. A store that exists with
@@ -277,10 +281,10 @@ class Topology(AmqpLink):
             arguments["x-queue-type"] = "quorum"
         try:
             Queue(name, durable=True, queue_arguments=arguments).bind(
-                self._inspector()).declare()
+                self.link.inspector()).declare()
         except amqp.exceptions.PreconditionFailed as exc:
-            self._inspect = None  # the broker closed the channel
-            self._inspector().queue_declare(name, passive=True)
+            self.link.inspector_closed()
+            self.link.inspector().queue_declare(name, passive=True)
             if (queue, retention) not in _warned_stores:
                 _warned_stores.add((queue, retention))
                 logger.warning(
@@ -288,20 +292,20 @@ class Topology(AmqpLink):
                     "than dead_max_count=%d, dead_max_age=%gs (%s): it keeps the limits it "
                     "was declared with; a shorter dead_max_age still applies to new dead "
                     "letters. See docs/operations.md, 'Dead-letter retention'.",
-                    self.safe_url, name, retention.max_count, retention.max_age_s,
+                    self.link.safe_url, name, retention.max_count, retention.max_age_s,
                     getattr(exc, "reply_text", exc))
         self._dead_declared.add(queue)
 
-    def _dead_store_exists(self, queue: str) -> bool:
-        return self._count_exists(dead_queue_name(queue))
+    def dead_store_exists(self, queue: str) -> bool:
+        return self.link.exists(dead_queue_name(queue))
 
-    def _declare_ladder(self, queue: str) -> None:
+    def declare_ladder(self, queue: str) -> None:
         """The queue's own delay ladder, routed back to the queue's exchange."""
         if queue in self._laddered:
             return
         prefix = ladder_prefix(queue)
         # kombu's helpers open a channel per call and leave it open: close them here.
-        tracker = _ChannelTracker(self.conn)
+        tracker = _ChannelTracker(self.link.conn)
         try:
             conn = cast(Connection, tracker)
             self._declare_levels(conn, queue, prefix)
@@ -324,10 +328,10 @@ class Topology(AmqpLink):
                 logger.warning(
                     "RabbitMQ at %s: the delay ladder %s.* of %s queue %s exists with other "
                     "arguments (%s); it is used as it is. See docs/operations.md, 'Moving a "
-                    "queue to quorum queues'.", self.safe_url, prefix, queue_type, queue,
+                    "queue to quorum queues'.", self.link.safe_url, prefix, queue_type, queue,
                     getattr(exc, "reply_text", exc))
 
-    def _forget_topology(self, queue: str) -> None:
+    def forget(self, queue: str) -> None:
         """Someone deleted the queue (or its store, exchange, ladder): declare again."""
         self._declared.discard(queue)
         self._dead_declared.discard(queue)

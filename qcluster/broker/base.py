@@ -10,10 +10,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from qcluster.broker.urls import BrokerUrl, parse_broker_url
+from qcluster.broker.urls import mask_url as mask_url  # where the backends import it from
+from qcluster.errors import ConfigError
 from qcluster.failures import JobError
 from qcluster.job import Delivery
 from qcluster.jobs import JobInfo, JobPage
@@ -25,44 +28,11 @@ from qcluster.policy import (
     MAX_DEAD_COUNT,
     MAX_KEEP_FINISHED_S,
     MIN_DEAD_AGE_S,
+    QueuePolicy,
 )
 
-#: Query parameters that carry a secret (redis-py reads ``?password=``).
-SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pass", "token", "sentinel_password"})
-MASK = "**"
-
-
-def mask_url(url: str) -> str:
-    """``url`` for logs and pages: each password (of every ``;``-joined URL, in the
-    user info or a ``?password=`` query) replaced by ``**``. Never raises: what cannot
-    be parsed is shown as its scheme only."""
-    return ";".join(_mask_one(one) for one in url.split(";"))
-
-
-def _mask_one(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        userinfo, at, host = netloc.rpartition("@")
-        if at and ":" in userinfo:
-            user = userinfo.partition(":")[0]
-            netloc = f"{user}:{MASK}@{host}"
-        query = parts.query
-        if query:
-            query = "&".join(
-                f"{piece.partition('=')[0]}={MASK}" if _is_secret(piece) else piece
-                for piece in query.split("&")
-            )
-        if netloc == parts.netloc and query == parts.query:
-            return url  # nothing secret: exactly as given
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
-    except ValueError:  # e.g. an unbalanced "[" in the host
-        scheme = url.partition("://")[0]
-        return f"{scheme}://{MASK}" if scheme.isalnum() else MASK
-
-
-def _is_secret(query_piece: str) -> bool:
-    return unquote_plus(query_piece.partition("=")[0]).strip().lower() in SECRET_QUERY_KEYS
+#: A queue's ``max_attempts`` when its policy does not say.
+DEFAULT_MAX_ATTEMPTS: int = QueuePolicy.model_fields["max_attempts"].default
 
 
 class QueueStats(BaseModel):
@@ -172,7 +142,7 @@ class Settlement:
 class Broker(ABC):
     """A queue server. Instances are not shared across processes: open one after fork."""
 
-    #: Human-readable URL with any password masked.
+    #: Human-readable URL with any password masked (:meth:`parsed_url` parses it).
     safe_url: str = ""
     #: Called now and then, from the calling thread, while a call waits for the broker
     #: to come back (between reconnect attempts): a slot sends its master a heartbeat, so
@@ -287,7 +257,8 @@ class Broker(ABC):
 
     def dead_page(self, queue: str, *, offset: int = 0, limit: int = 50
                   ) -> tuple[int, list[DeadJob]]:
-        """The number of dead letters and a page of them, newest first."""
+        """The number of dead letters and a page of them: newest first on Redis and the
+        embedded broker, oldest first on RabbitMQ (its store is a queue)."""
         raise NotImplementedError(f"{type(self).__name__} cannot page dead letters")
 
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
@@ -350,6 +321,45 @@ class Broker(ABC):
         """Store ``value`` under ``key`` (``KIND:NAME``), replacing it; None deletes it.
         Returns once the broker holds the change."""
         raise NotImplementedError(f"{type(self).__name__} cannot store controls")
+
+    # --- capabilities: each has a default for a backend without the feature ---------
+
+    def set_queue_options(self, queue: str, *, queue_type: str | None = None,
+                          max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+        """What this process knows of ``queue``'s policy, told before the queue is
+        declared: its ``queue_type`` and ``max_attempts`` (RabbitMQ: the queue's type and a
+        quorum queue's delivery limit). The default: the backend has no such option."""
+        return None
+
+    def delete_queue(self, queue: str) -> None:
+        """Remove the queue and everything it holds (tests and tooling; loses jobs)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete queues")
+
+    def parsed_url(self) -> BrokerUrl | None:
+        """:attr:`safe_url` parsed (no passwords in it); None when it names no known
+        broker (a stand-in)."""
+        try:
+            return parse_broker_url(self.safe_url) if self.safe_url else None
+        except ConfigError:
+            return None
+
+    def kind(self) -> str:
+        """What the broker is made of, as health pages name it: ``redis``,
+        ``redis-sentinel``, ``redis-cluster``, ``embedded``, ``rabbitmq``; else the
+        backend's class name."""
+        parsed = self.parsed_url()
+        return parsed.kind if parsed is not None else type(self).__name__
+
+    def reader(self) -> Broker:
+        """The broker another thread's reads use (the manager's job lookups): this one when
+        its client serves every thread (Redis: a pool gives each a connection), else a new
+        connection of its own to the same server (RabbitMQ)."""
+        return self
+
+    def redis_client(self) -> Any | None:
+        """The redis-py client of a Redis backend (a Sentinel master pool or a Cluster
+        client: the health page reads the servers behind it); None for other backends."""
+        return None
 
     @abstractmethod
     def ping(self) -> None:

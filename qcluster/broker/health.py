@@ -34,9 +34,6 @@ from qcluster.errors import BrokerError
 NODE_TIMEOUT_S = 1.0
 #: An error shown on a node's row is cut to this many characters.
 ERROR_CHARS = 200
-#: A one-server broker's kind, by its URL's scheme.
-_ONE_SERVER_KINDS = (("embedded", "embedded"), ("redis", "redis"), ("unix", "redis"),
-                     ("amqp", "rabbitmq"))
 
 
 class NodeHealth(BaseModel):
@@ -82,23 +79,22 @@ def read_health(broker: Broker, queues: Iterable[str],
     one-server broker is then shown down with it, without a ping (whose retries would cost
     seconds more while the server is away)."""
     names = sorted(set(queues))
-    from qcluster.broker.redis_broker import RedisBroker
-
-    if isinstance(broker, RedisBroker) and broker.cluster:
-        return _cluster_health(broker, names, clock())
-    if isinstance(broker, RedisBroker) and _sentinel_pool(broker) is not None:
-        return _sentinel_health(broker, names, clock())
-    return _single_health(broker, names, clock(), known_problem)
+    kind = broker.kind()
+    client = broker.redis_client()
+    if kind == "redis-cluster" and client is not None:
+        return _cluster_health(client, names, clock())
+    pool = _sentinel_pool(client) if kind == "redis-sentinel" else None
+    if pool is not None:
+        return _sentinel_health(pool, names, clock())
+    return _single_health(broker, kind, names, clock(), known_problem)
 
 
 # --- one server --------------------------------------------------------------------------
 
 
-def _single_health(broker: Broker, queues: list[str], now: float,
+def _single_health(broker: Broker, kind: str, queues: list[str], now: float,
                    known_problem: str | None) -> BrokerHealth:
-    address = str(getattr(broker, "safe_url", "") or type(broker).__name__)
-    kind = next((name for prefix, name in _ONE_SERVER_KINDS if address.startswith(prefix)),
-                type(broker).__name__)
+    address = broker.safe_url or type(broker).__name__
     try:
         if known_problem is not None:
             raise BrokerError(known_problem)
@@ -113,9 +109,8 @@ def _single_health(broker: Broker, queues: list[str], now: float,
 # --- Redis Cluster ------------------------------------------------------------------------
 
 
-def _cluster_health(broker: Any, queues: list[str], now: float) -> BrokerHealth:
+def _cluster_health(cluster: Any, queues: list[str], now: float) -> BrokerHealth:
     try:
-        cluster = broker.client
         known = [f"{node.host}:{node.port}" for node in cluster.get_nodes()]
         credentials = _credentials(cluster.nodes_manager.connection_kwargs)
     except (redis.RedisError, BrokerError) as exc:
@@ -179,13 +174,13 @@ def _masters_first(item: tuple[str, dict[str, Any]]) -> tuple[int, int, str]:
 # --- Redis Sentinel -----------------------------------------------------------------------
 
 
-def _sentinel_pool(broker: Any) -> Any:
-    pool = getattr(broker.client, "connection_pool", None)
+def _sentinel_pool(client: Any) -> Any:
+    """The Sentinel master pool of a redis-py client (None: not one; a stand-in)."""
+    pool = getattr(client, "connection_pool", None)
     return pool if hasattr(pool, "sentinel_manager") else None
 
 
-def _sentinel_health(broker: Any, queues: list[str], now: float) -> BrokerHealth:
-    pool = _sentinel_pool(broker)
+def _sentinel_health(pool: Any, queues: list[str], now: float) -> BrokerHealth:
     service = pool.service_name
     credentials = _credentials(pool.connection_kwargs)
     sentinels = []

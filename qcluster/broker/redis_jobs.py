@@ -19,7 +19,6 @@ from qcluster.jobs import (
     JobInfo,
     JobPage,
     JobState,
-    LastError,
     enqueued_at_of,
     payload_of,
 )
@@ -90,7 +89,7 @@ def _info(queue: str, job_id: str, reply: list[Any]) -> JobInfo | None:
     now_ms, where, score, body, tries, reason, error = reply
     now_s = int(now_ms) / 1000
     past = abs(int_or_zero(tries))
-    last_error = LastError.of(JobError.from_json(error))
+    last_error = JobError.from_json(error)
     common: dict[str, Any] = {"id": job_id, "queue": queue, "payload": payload_of(body),
                               "last_error": last_error}
     where = decoded(where)
@@ -180,7 +179,7 @@ def _running(broker: RedisBroker, k: dict[str, str], queue: str, offset: int,
         details = _details(broker, k, [job_id for job_id, _ in entries])
     jobs = [JobInfo(id=decoded(job_id), queue=queue, state="running",
                     attempts=abs(int_or_zero(tries)) + 1,
-                    payload=payload_of(body), last_error=LastError.of(JobError.from_json(err)),
+                    payload=payload_of(body), last_error=JobError.from_json(err),
                     lock_token=int(score))
             for (job_id, score), (body, tries, err) in zip(entries, details, strict=True)]
     return JobPage(queue=queue, state="running", total=int(total), offset=offset, limit=limit,
@@ -202,7 +201,7 @@ def _waiting(broker: RedisBroker, k: dict[str, str], queue: str, state: str, off
             scanned += len(chunk)
             details = _details(broker, k, [job_id for job_id, _ in chunk])
             for (job_id, score), (body, tries, err) in zip(chunk, details, strict=True):
-                error = LastError.of(JobError.from_json(err))
+                error = JobError.from_json(err)
                 past = abs(int_or_zero(tries))
                 kind: JobState = "retrying" if past or error else "delayed"
                 if kind != state:

@@ -16,7 +16,7 @@ import uvicorn
 from playwright.sync_api import Page, expect
 
 from qcluster.broker import open_broker
-from qcluster.manager.api import create_app
+from qcluster.manager.api.app import create_app
 from qcluster.manager.service import ManagerService
 from tests.brokers import BrokerUnavailable, PrivateRedisCluster
 from tests.conftest import free_port, wait_until

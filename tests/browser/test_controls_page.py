@@ -17,7 +17,7 @@ from playwright.sync_api import Page, expect
 
 from qcluster.broker import open_broker
 from qcluster.config import load_settings
-from qcluster.manager.api import create_app
+from qcluster.manager.api.app import create_app
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from tests.conftest import free_port, wait_until

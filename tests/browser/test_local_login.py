@@ -34,8 +34,10 @@ def run(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
-@pytest.fixture
-def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """One manager and master for the module's tests: each test leaves no pause behind."""
+    tmp_path = tmp_path_factory.mktemp("local")
     (tmp_path / "shop_app.py").write_text(APP)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -143,6 +145,8 @@ def test_what_another_port_of_the_host_receives_authorises_nothing(
     page.goto(url)
     page.locator('tr[data-queue="emails"] button[data-action="pause"]').click()
     expect(page.locator("#action-done")).to_have_text("Queue emails paused.")
+    page.locator('tr[data-queue="emails"] button[data-action="resume"]').first.click()
+    expect(page.locator("#action-done")).to_have_text("Queue emails resumed.")
 
 
 def login_link(directory: Path, url: str) -> str:

@@ -421,8 +421,9 @@ def _redis_leftovers(client: Any, queue: str) -> int:
                         if job_id not in live and job_id not in dead)
     leftover += sum(1 for job_id in client.hkeys(keys["reasons"]) if job_id not in dead)
     known = {key.encode() for key in keys.values()}
-    # Finished-job records (keep_finished_s) are kept on purpose and expire by themselves.
-    finished = f"{keys['finished']}:".encode()
+    # Finished-job records (keep_finished_s) are kept on purpose and expire by themselves;
+    # so do take records (take.lua: one per broker, for a retry whose reply was lost).
+    expiring = (f"{keys['finished']}:".encode(), f"qc:{{{queue}}}:taken:".encode())
     leftover += sum(1 for key in client.scan_iter(match=f"qc:{{{queue}}}:*", count=1000)
-                    if key not in known and not key.startswith(finished))
+                    if key not in known and not key.startswith(expiring))
     return leftover

@@ -166,6 +166,7 @@ def _health(port: int) -> str:
     return str(body.get("status", "?")) if isinstance(body, dict) else "no answer"
 
 
+@pytest.mark.chaos
 def test_f8_broker_down_at_start(chaos_seed: int, tmp_path: Path) -> None:
     """Manager and master start while the broker is down (short profile 10 s, full 60 s):
     no crash loop, health "degraded", enqueue errors loud (CLI exit code and message,

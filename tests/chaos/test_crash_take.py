@@ -43,8 +43,10 @@ def unrun_charges(runs: list[Run], charged: int) -> int:
 
 
 def cases(kind: str, *marks: pytest.MarkDecorator) -> list[object]:
-    """``kind``'s queue on each broker."""
-    return [pytest.param(broker, kind, id=f"{broker}-{kind}", marks=list(marks))
+    """``kind``'s queue on each broker; the quorum queue's row runs under ``make chaos``
+    (tests/contract/test_rabbitmq_quorum.py checks crash charging on quorum queues)."""
+    return [pytest.param(broker, kind, id=f"{broker}-{kind}", marks=[
+                *marks, *([pytest.mark.chaos] if broker == "rabbitmq-quorum" else [])])
             for broker in ("embedded", "rabbitmq", "rabbitmq-quorum")]
 
 

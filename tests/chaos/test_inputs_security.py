@@ -1166,10 +1166,10 @@ def test_b3_jobs_for_an_undeclared_queue_are_warned_shown_and_never_lost(
     tmp_path: Path, ledger_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A cluster whose app declares the queues of prefix A; jobs go to B's flow queue: the
-    Client and the CLI warn, the manager logs it and lists the queue (with its count) on the
-    overview page and in /api/v1/cluster within B3_VISIBLE_S; the jobs wait (nothing dead,
-    nothing dropped) and all run once a master whose app declares the queue starts (ledger:
-    lost 0)."""
+    Client warns, the CLI refuses without --force and warns with it, the manager logs it
+    and lists the queue (with its count) on the overview page and in /api/v1/cluster
+    within B3_VISIBLE_S; the jobs wait (nothing dead, nothing dropped) and all run once a
+    master whose app declares the queue starts (ledger: lost 0)."""
     started = time.monotonic()
     seed = new_seed()
     first, second = f"s{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
@@ -1199,12 +1199,18 @@ def test_b3_jobs_for_an_undeclared_queue_are_warned_shown_and_never_lost(
         client_warned = f"enqueue to {queue!r}: no queue of app" in caplog.text
         config = tmp_path / "qcluster.toml"
         config.write_text('app = "tests.chaos.apps"\n')
-        cli = subprocess.run(
-            [*QCLUSTER, "enqueue", queue, json.dumps({"job_id": f"s{seed}-b3-cli"}),
-             "--broker", url, "--config", str(config)],
-            cwd=tmp_path, env=qcluster_env(QC_CHAOS_PREFIX=first), capture_output=True,
-            text=True, timeout=120)
-        cli_warned = f"no queue of the app is named {queue!r}" in cli.stderr
+        command = [*QCLUSTER, "enqueue", queue, json.dumps({"job_id": f"s{seed}-b3-cli"}),
+                   "--broker", url, "--config", str(config)]
+        cli_env = qcluster_env(QC_CHAOS_PREFIX=first)
+        # The CLI refuses a queue its app does not declare (exit 2) unless --force, which
+        # enqueues with a warning.
+        refused = subprocess.run(command, cwd=tmp_path, env=cli_env, capture_output=True,
+                                 text=True, timeout=120)
+        cli = subprocess.run([*command, "--force"], cwd=tmp_path, env=cli_env,
+                             capture_output=True, text=True, timeout=120)
+        cli_warned = (refused.returncode == 2
+                      and f"error: no queue of the app is named {queue!r}" in refused.stderr
+                      and f"warning: no queue of the app is named {queue!r}" in cli.stderr)
         append_lines(ledger_dir, "p", [{"e": "attempt", "id": f"s{seed}-b3-cli", "q": queue,
                                         "m": time.monotonic(), "t": time.time(), "d": 0.0},
                                        {"e": "ack", "id": f"s{seed}-b3-cli", "q": queue,

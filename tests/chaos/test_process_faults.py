@@ -259,6 +259,7 @@ def private_cluster(chaos_seed: int, tmp_path: Path) -> Iterator[tuple[Hosts, Pa
     stop_embedded(state)
 
 
+@pytest.mark.chaos
 def test_f5_manager_sigkill_keeps_throughput_and_one_embedded_server(
     chaos_seed: int, private_cluster: tuple[Hosts, Path], tmp_path: Path
 ) -> None:

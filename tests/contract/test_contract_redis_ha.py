@@ -76,11 +76,11 @@ def test_queues_spread_over_the_shards_and_are_all_listed(
         shards = {redis_cluster.master_of(f"qc:{{{name}}}:ready").port for name in names}
         assert len(shards) > 1, "12 queue names all hashed to one shard"
         assert set(names) <= set(broker.queues())
-        broker.delete_queue(names[0])  # type: ignore[attr-defined]
+        broker.delete_queue(names[0])
         assert names[0] not in broker.queues()
     finally:
         for name in names:
-            broker.delete_queue(name)  # type: ignore[attr-defined]
+            broker.delete_queue(name)
         broker.close()
 
 
@@ -125,7 +125,7 @@ def test_scripts_are_loaded_again_on_a_master_that_lost_them(
         assert broker.stats(queue_name).model_dump() == {
             "ready": 0, "locked": 0, "delayed": 0, "dead": 0}
     finally:
-        broker.delete_queue(queue_name)  # type: ignore[attr-defined]
+        broker.delete_queue(queue_name)
         broker.close()
 
 

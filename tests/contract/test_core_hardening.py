@@ -475,7 +475,7 @@ def test_client_honours_the_queue_policy_max_message_bytes(
         client.enqueue(f"{queue_name}-undeclared", "x" * 400)
         assert "no queue of app" in caplog.text
         client.purge(f"{queue_name}-undeclared")
-        client.broker.delete_queue(f"{queue_name}-undeclared")  # type: ignore[attr-defined]
+        client.broker.delete_queue(f"{queue_name}-undeclared")
 
 
 

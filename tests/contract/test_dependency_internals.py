@@ -7,7 +7,7 @@ py-amqp: tests/contract/test_kombu_internals.py; uvicorn's h11 protocol:
 tests/unit/test_http_limits.py). The versions checked are pinned in pyproject.toml.
 
 redis-py
-- ``RedisCluster.nodes_manager.initialize()`` (broker/redis_broker.py ``_server_for``):
+- ``RedisCluster.nodes_manager.initialize()`` (broker/redis_durability.py ``server_for``):
   reads the slot map again after a failover, before a WAIT on the new master (no public
   call does that without a command to route).
 - ``RedisCluster.nodes_manager.connection_kwargs`` (broker/health.py): the credentials the
@@ -18,7 +18,11 @@ redis-py
   one-line MasterNotFoundError).
 - ``redis.crc.key_slot`` (broker/health.py): the hash slot of a queue's key.
 - ``Script.sha`` / ``Script.script`` of what ``register_script`` returns
-  (broker/redis_broker.py ``_publish_replicated``: EVALSHA + WAIT in one pipeline).
+  (broker/redis_durability.py ``publish_replicated``: EVALSHA + WAIT in one pipeline).
+- ``ConnectionPool.make_connection()`` / ``.reset()``, its ``_available_connections``
+  list and ``_created_connections`` count, a connection's ``pid`` (slot/prefork.py
+  ``open_slot_broker``): the master makes the slots' connection before it forks, and
+  each slot puts its copy in its own pool, owned by its own pid, to be connected there.
 - Replaced by public API: ``ClusterNode.redis_connection`` (now
   ``RedisCluster.get_redis_connection(node)``), the ``Script`` subclass and
   ``redis._parsers.encoders.Encoder`` (now ``redis_ha.NodeScript``, a class of its own
@@ -112,7 +116,7 @@ def test_redis_cluster_nodes_manager_has_what_the_broker_uses() -> None:
     _init_assigns(redis.cluster.RedisCluster, "nodes_manager")
     manager = redis.cluster.NodesManager
     assert callable(getattr(manager, "initialize", None)), (
-        "redis.cluster.NodesManager.initialize() is gone (broker/redis_broker.py _server_for)")
+        "redis.cluster.NodesManager.initialize() is gone (broker/redis_durability.py server_for)")
     _init_assigns(manager, "connection_kwargs")
     for name in ("get_redis_connection", "get_node_from_key", "get_primaries", "get_nodes"):
         assert callable(getattr(redis.cluster.RedisCluster, name, None)), name
@@ -141,6 +145,30 @@ def test_a_registered_script_has_its_sha_and_text(redis_url: str) -> None:
         assert script.sha == client.script_load("return 1")
         script.sha = "0" * 40  # the broker loads it again on a new master
         assert client.evalsha(client.script_load(script.script), 0) == 1
+    finally:
+        client.close()
+
+
+def test_a_connection_made_before_a_fork_is_handed_out_by_the_pool_after_it(
+        redis_url: str) -> None:
+    """What prefork.open_slot_broker does in a slot, in one process: the pool forgets
+    what it held (as after a fork), then hands out the connection put in its list first,
+    connects it, and keeps it (owned: its pid) when it comes back."""
+    import os
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        pool = client.connection_pool
+        connection = pool.make_connection()
+        assert connection._sock is None and connection.pid == os.getpid()
+        pool.reset()
+        assert (pool._available_connections, pool._created_connections) == ([], 0)
+        connection.pid = pool.pid
+        pool._available_connections.append(connection)
+        pool._created_connections += 1
+        assert client.ping()
+        assert pool._available_connections == [connection] and connection._sock is not None
+        assert pool._created_connections == 1
     finally:
         client.close()
 

@@ -122,3 +122,24 @@ def test_a_new_state_dir_is_private(tmp_path: Path) -> None:
             probe.connect(str(sock))
     finally:
         stop_embedded(state_dir)
+
+
+def test_stopping_the_embedded_broker_connects_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server closing the connection as it shuts down is the success: redis-py's
+    default retries reconnected three times (3.6 s at each embedded CLI command's exit,
+    `qcluster enqueue` took 4 s). Failed before the fix: 4 connections."""
+    state_dir = tmp_path / "state"
+    open_embedded(state_dir).close()
+    connects: list[object] = []
+    real_connect = redis.connection.UnixDomainSocketConnection._connect
+
+    def counted(self: redis.connection.UnixDomainSocketConnection) -> object:
+        connects.append(self)  # each socket opened, a retry's included
+        return real_connect(self)
+
+    monkeypatch.setattr(redis.connection.UnixDomainSocketConnection, "_connect", counted)
+    assert stop_embedded(state_dir)
+    assert len(connects) == 2  # the liveness check, then the shutdown: no reconnect
+    assert not stop_embedded(state_dir)  # it no longer runs

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from qcluster.broker import Settlement, open_broker
 from qcluster.config import load_settings
 from qcluster.failures import JobError
-from qcluster.manager.api import create_app
+from qcluster.manager.api.app import create_app
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from tests.contract.test_job_lookup import body, take
@@ -73,6 +73,31 @@ def test_lookup_listing_and_per_job_actions(api: TestClient, broker_url: str,
                     headers=AUTH).json() == {"requeued": 1}
     assert api.get(f"/api/v1/queues/{queue_name}/jobs",
                    params={"state": "dead"}).json()["total"] == 0
+
+
+def test_dead_letters_are_listed_in_the_order_each_backend_keeps(
+        api: TestClient, broker_url: str, queue_name: str) -> None:
+    """The job browser's page and ``qcluster dead`` (dead_page) list the newest dead
+    letter first on Redis and the embedded broker, the oldest first on RabbitMQ (its store
+    is a queue: a page reads only the letters up to its end), with a note saying so; the
+    queue page's list (dead_jobs) is newest first everywhere. Fails on the code before on
+    RabbitMQ, whose pages read the whole store to list it newest first."""
+    for job_id in ("n1", "n2", "n3"):  # one settle each: n3 is the newest
+        dead_letters(broker_url, queue_name, [job_id])
+    rabbit = broker_url.startswith("amqp")
+    order = ["n1", "n2", "n3"] if rabbit else ["n3", "n2", "n1"]
+    listed = api.get(f"/api/v1/queues/{queue_name}/jobs", params={"state": "dead"}).json()
+    assert [job["id"] for job in listed["jobs"]] == order
+    assert listed["note"] == (
+        "RabbitMQ keeps dead letters in a queue: listed oldest first" if rabbit else None)
+    broker = open_broker(broker_url)
+    try:
+        assert [d.id for d in broker.dead_jobs(queue_name)] == ["n3", "n2", "n1"]
+        total, page = broker.dead_page(queue_name, offset=0, limit=2)
+        assert total == 3 and [d.id for d in page] == order[:2]
+        assert [d.id for d in broker.dead_page(queue_name, offset=2, limit=2)[1]] == order[2:]
+    finally:
+        broker.close()
 
 
 def test_unknown_ids_and_bad_requests(api: TestClient, broker_url: str) -> None:

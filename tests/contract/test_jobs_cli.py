@@ -47,7 +47,8 @@ def test_job_shows_a_dead_letter_with_its_traceback_and_an_unknown_id_exits_15(
     assert 'File "app.py", line 9' in output
     code, output = run("job", "k1", "--broker", redis_url, "--json")
     assert json.loads(output)["last_error"]["slot"] == "emails-2"
-    code, output = run("job", "nope", "--broker", redis_url, "--queue", queue_name)
+    code, output = run("job", "nope", "--broker", redis_url, "--queue", queue_name,
+                       "--manager", "http://127.0.0.1:9")
     assert code == JOB_NOT_FOUND and "no job nope" in output
 
 

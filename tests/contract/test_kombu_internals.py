@@ -1,5 +1,5 @@
 """What KombuBroker and amqp_readahead need from kombu and py-amqp beyond their documented
-API (issue 18 item 6). Each test names the internal it checks: when an upgrade changes
+API. Each test names the internal it checks: when an upgrade changes
 one, this fails loudly here instead of somewhere deep in a slot.
 
 Kept for speed or robustness (and why), everything else is public API:
@@ -7,7 +7,10 @@ Kept for speed or robustness (and why), everything else is public API:
   one of qcluster's connections reads a frame, py-amqp's own elsewhere): py-amqp decodes
   every short string strictly, and one bad byte stopped a consumer forever.
   ``amqp.Connection.drain_events`` is overridden to mark that scope, and kombu's
-  ``pyamqp.SSLTransport.Connection`` is the hook for TLS connections.
+  ``pyamqp.SSLTransport.Connection`` is the hook for TLS connections. The override reads
+  ``_transport`` and calls ``blocking_read`` and ``on_inbound_frame`` itself, so that a
+  frame already buffered is parsed without py-amqp's ``having_timeout`` (two ``ioctl``
+  calls per frame), and the consumers' drain handles every buffered frame in one call.
 - ``amqp.transport.TCPTransport`` is subclassed, overriding ``read_frame`` and ``connect``
   and reading ``sock`` / ``raise_on_initial_eintr`` / ``connected`` (a third of a slot's
   CPU on RabbitMQ was py-amqp's three recv calls per frame); ``amqp.Connection.Transport``
@@ -116,6 +119,11 @@ def test_py_amqp_transport_hooks_the_read_ahead_transport_overrides() -> None:
     # The lenient decoder's scope (amqp_readahead._AMQPConnection.drain_events): py-amqp
     # reads and decodes every frame in blocking_read, which only drain_events calls.
     assert "on_inbound_frame" in inspect.getsource(amqp.Connection.blocking_read)
+    # What _AMQPConnection._one_method reads and calls instead of drain_events' loop.
+    assert "self._transport = None" in inspect.getsource(amqp.Connection.__init__)
+    assert isinstance(inspect.getattr_static(amqp.Connection, "on_inbound_frame"), property)
+    assert "while not self.blocking_read(timeout)" in inspect.getsource(
+        amqp.Connection.drain_events), "amqp.Connection.drain_events reads differently now"
     package = Path(amqp.__file__).parent
     calls = [f"{path.name}:{number}" for path in sorted(package.glob("*.py"))
              for number, line in enumerate(path.read_text().splitlines(), 1)
@@ -148,7 +156,7 @@ def test_basic_publish_does_not_wait_for_each_confirm(
     """Many publishes in flight, confirmed together: ``basic_publish`` must not read the
     socket (it would with kombu's confirm_publish option, one round trip per message)."""
     broker.publish(queue_name, "declare", b"{}")
-    channel, confirms = broker._publisher()
+    channel, confirms = broker.publisher.confirmed_channel()
     confirms.returned = []
     before = confirms.published
     for n in range(20):
@@ -162,7 +170,7 @@ def test_basic_publish_does_not_wait_for_each_confirm(
                           routing_key=f"{queue_name}-nowhere", mandatory=True)
     confirms.published += 1
     while not confirms.all_confirmed():
-        broker._drain(1.0)
+        broker.link.drain(1.0)
     assert confirms.published - before == 21
     assert [m.properties.get("message_id") for m in confirms.returned] == ["lost"], (
         "amqp.Channel.events['basic_return'] no longer reports unroutable messages")

@@ -199,7 +199,7 @@ def test_read_ahead_given_back_after_a_redelivery_keeps_its_count_through_anothe
         (first,) = take_n(broker, queue_name, 1)
         broker.leave(queue_name)  # whatever else was delivered goes back, a copy
         broker.settle(queue_name, Settlement(ack=[first]))
-        # The first death is no one's (see amqp_messages._charged): suspect, not charged.
+        # The first death is no one's (see amqp_messages.charged): suspect, not charged.
         assert (first.attempts, first.suspect) == (1, True)
         assert [(d.attempts, d.suspect) for d in take_n(second_death, queue_name, 2)] == [
             (1, True), (1, True)]
@@ -395,7 +395,7 @@ def test_leaving_a_deep_quorum_queue_charges_no_job(rabbitmq_url: str, queue_nam
     reader = open_broker(url)
     try:
         rest = take_n(reader, queue_name, reader.stats(queue_name).ready)
-        # Charged or not, one redelivered would be suspect (see amqp_messages._charged).
+        # Charged or not, one redelivered would be suspect (see amqp_messages.charged).
         assert Counter((d.attempts, d.suspect) for d in rest) == {(1, False): 600 - 200}
         reader.settle(queue_name, Settlement(ack=rest))
     finally:
@@ -405,7 +405,7 @@ def test_leaving_a_deep_quorum_queue_charges_no_job(rabbitmq_url: str, queue_nam
 def test_a_stream_queue_of_that_name_is_refused(rabbitmq_url: str, queue_name: str) -> None:
     broker = KombuBroker(rabbitmq_url)
     try:
-        broker._inspector().queue_declare(queue_name, durable=True, auto_delete=False,
+        broker.link.inspector().queue_declare(queue_name, durable=True, auto_delete=False,
                                           arguments={"x-queue-type": "stream"})
         with pytest.raises(QueueTypeMismatch, match="as a stream queue: qcluster uses classic"):
             broker.publish_many(queue_name, [("a", b"{}")])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 from kombu import Connection, Producer
 
 from qcluster import App, Client, Job
-from qcluster.broker import open_broker
+from qcluster.broker import Settlement, open_broker
 from qcluster.broker.kombu_broker import KombuBroker, queue_exchange
 from qcluster.slot.runtime import SlotRunner
 from tests.conftest import free_port, rabbitmqctl, wait_until
@@ -82,7 +83,7 @@ def test_a_dropped_connection_is_reopened_and_its_jobs_come_back(
 
         broker.ack(queue_name, [held])  # stale delivery: ignored, the job comes back
         again = broker.take(queue_name, max_jobs=1, lock_timeout_s=5, wait_s=10)
-        # Its consumer is gone: back suspect, not charged (amqp_messages._charged).
+        # Its consumer is gone: back suspect, not charged (amqp_messages.charged).
         assert [(d.id, d.attempts, d.suspect) for d in again] == [("j1", 1, True)]
         broker.ack(queue_name, again)
         assert broker.stats(queue_name).model_dump() == {
@@ -124,3 +125,68 @@ def test_only_a_fast_handler_gets_its_next_batch_ahead_and_a_dying_slot_loses_no
     wait_until(lambda: client.stats(queue_name)["ready"] == 240, timeout_s=60,
                message="the read-ahead batch back in the queue")
     client.close()
+
+
+def test_a_fast_consumer_gets_every_job_once_and_none_comes_back_suspect(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    """Deliveries stream in right behind each ConsumeOk and are read many per call: none may
+    be read before its consumer's callback exists (py-amqp would reject it, and it would
+    come back redelivered: suspect, run alone)."""
+    broker = open_broker(rabbitmq_url)
+    try:
+        ids = broker.publish_many(queue_name, [(f"j{n}", b"{}") for n in range(600)])
+        seen: list[str] = []
+        pending = Settlement()
+        while len(seen) < len(ids):
+            taken = broker.settle_and_take(queue_name, pending, max_jobs=100, lock_timeout_s=60,
+                                           wait_s=60, read_ahead=len(seen) % 200 == 0)
+            assert taken, f"only {len(seen)} of {len(ids)} jobs came"
+            assert [(d.attempts, d.suspect) for d in taken] == [(1, False)] * len(taken)
+            seen += [d.id for d in taken]
+            pending = Settlement(ack=taken)
+        broker.settle(queue_name, pending)
+        assert sorted(seen) == sorted(ids)
+        assert broker.stats(queue_name).model_dump() == {
+            "ready": 0, "locked": 0, "delayed": 0, "dead": 0
+        }
+    finally:
+        broker.close()
+
+
+def test_a_confirmed_publish_is_not_sent_again_for_a_frame_read_behind_its_confirm(
+        rabbitmq_url: str, queue_name: str) -> None:
+    """A slot consumes queue B and publishes to queue A on the same link; the publish's
+    confirm and then the broker's cancel of B's consumer (an operator deleted B) arrive
+    in one read. The publish is confirmed: it is not reported failed and sent again."""
+    a, b = queue_name + "-a", queue_name + "-b"
+    broker = open_broker(rabbitmq_url)
+    assert isinstance(broker, KombuBroker)
+    try:
+        broker.publish_many(b, [(f"b{n}", b"{}") for n in range(50)])
+        assert broker.settle_and_take(b, Settlement(), max_jobs=5, lock_timeout_s=60,
+                                      wait_s=5, read_ahead=True)
+        broker.publish_many(a, [("first", b"{}")])  # declares A, opens the confirmed channel
+        link, drain = broker.link, broker.link.drain
+        calls: list[float] = []
+
+        def late_first_read(timeout_s: float, **options: bool) -> bool:
+            if not calls:  # (a descheduled slot: the confirm and the cancel arrive meanwhile)
+                time.sleep(0.6)
+            calls.append(timeout_s)
+            return drain(timeout_s, **options)
+
+        def delete_b() -> None:
+            time.sleep(0.2)
+            with Connection(rabbitmq_url) as other:
+                other.channel().queue_delete(b)
+
+        link.drain = late_first_read  # type: ignore[method-assign]
+        deleter = threading.Thread(target=delete_b)
+        deleter.start()
+        broker.publish_many(a, [("only-once", b"{}")])
+        deleter.join()
+        link.drain = drain  # type: ignore[method-assign]
+        assert broker.stats(a).ready == 2, "the confirmed publish was sent again"
+    finally:
+        broker.close()

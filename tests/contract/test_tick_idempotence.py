@@ -18,22 +18,21 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import amqp
 import pytest
-import redis
 
 from qcluster.broker import open_broker
 from qcluster.broker.base import Broker, Settlement
-from qcluster.broker.redis_broker import RedisBroker, _client_options
+from qcluster.broker.redis_broker import RedisBroker
 from qcluster.errors import BrokerError
 from qcluster.job import decode_envelope
-from qcluster.manager.periodic import TICK_HEADER, PeriodicTicker
+from qcluster.manager.planning.periodic import TICK_HEADER, PeriodicTicker
 from qcluster.periodic import periodic_spec
-from tests.tcp_proxy import TcpProxy
+from tests.tcp_proxy import TcpProxy, proxied_redis
 
 #: 2030-01-01T00:00:00Z.
 T0 = 1_893_456_000.0
@@ -55,20 +54,10 @@ def ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-@contextlib.contextmanager
-def proxied_redis(redis_url: str) -> Iterator[tuple[RedisBroker, TcpProxy]]:
+def proxied(
+        redis_url: str) -> contextlib.AbstractContextManager[tuple[RedisBroker, TcpProxy]]:
     """A RedisBroker through a proxy, its socket timeout short (the test waits less)."""
-    parts = urlsplit(redis_url)
-    with TcpProxy((parts.hostname or "127.0.0.1", parts.port or 6379)) as proxy:
-        options = {**_client_options(3), "socket_timeout": SOCKET_TIMEOUT_S}
-        client = redis.Redis(host="127.0.0.1", port=proxy.port, **options)
-        broker = RedisBroker(client, safe_url="redis://proxied")
-        for script in broker._scripts.values():  # loaded: no NOSCRIPT round trip when late
-            client.script_load(script.script)
-        try:
-            yield broker, proxy
-        finally:
-            broker.close()
+    return proxied_redis(redis_url, SOCKET_TIMEOUT_S)
 
 
 def ticker(broker: Broker, clock: Clock, queue: str, name: str) -> PeriodicTicker:
@@ -101,7 +90,7 @@ def test_a_tick_whose_publish_answers_late_is_enqueued_once(redis_url: str,
     fix: ticks [T0+1, T0+1]."""
     name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
     slot = open_broker(redis_url)
-    with proxied_redis(redis_url) as (broker, proxy):
+    with proxied(redis_url) as (broker, proxy):
         run = broker._run
 
         def late_publish(script: str, keys: list[str], args: list[Any]) -> Any:
@@ -132,7 +121,7 @@ def test_a_tick_whose_claim_answers_late_is_enqueued_once(redis_url: str,
     all (the record had moved, and later passes saw the tick as done)."""
     name, clock = f"j-{uuid.uuid4().hex[:8]}", Clock(T0 + 0.5)
     slot = open_broker(redis_url)
-    with proxied_redis(redis_url) as (broker, proxy):
+    with proxied(redis_url) as (broker, proxy):
         broker.last_ticks = late_after(proxy, broker.last_ticks)  # type: ignore[method-assign]
         manager = ticker(broker, clock, queue_name, name)
         clock.at = T0 + 1.5

@@ -32,7 +32,7 @@ import typer.main
 import yaml
 
 from qcluster.broker.amqp_topology import split_queue_type
-from qcluster.broker.redis_ha import parse_ha_url
+from qcluster.broker.urls import parse_ha_url
 from qcluster.cli import cli, register_commands
 from qcluster.client import Client
 from qcluster.config import Settings, load_settings
@@ -344,7 +344,7 @@ def test_redis_cluster_compose_example_points_qcluster_at_its_nodes() -> None:
         assert service["depends_on"]["redis-cluster-create"] == {
             "condition": "service_completed_successfully"}
         url = parse_ha_url(with_secrets(service["environment"]["QCLUSTER_BROKER_URL"]))
-        assert url.kind == "cluster" and url.replicas == 1 and url.password == "s3cr3t"
+        assert url.kind == "redis-cluster" and url.replicas == 1 and url.password == "s3cr3t"
         assert {host for host, _ in url.hosts} <= set(nodes)
 
 

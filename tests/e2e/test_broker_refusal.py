@@ -24,7 +24,7 @@ def _make_classic(url: str, queue: str) -> None:
 def _delete(url: str, queue: str) -> None:
     broker = open_broker(url)
     try:
-        broker.delete_queue(queue)  # type: ignore[attr-defined]
+        broker.delete_queue(queue)
     finally:
         broker.close()
 

@@ -1,11 +1,16 @@
-"""`qcluster demo` for 3 minutes, judged by its own manager: the `resize` queue's plan moves at
-most twice per load edge of the demo's square wave (1,500 <-> 50 jobs/s every 40 s) and not
-in between, read from the decisions `/api/v1/cluster` reports; and the run's recording
-(`--record`) parses as the recorder's format."""
+"""`qcluster demo` (what `make demo` runs) as a real process for two minutes of load, then
+Ctrl-C: it runs a cluster of two masters, stops cleanly and leaves no process behind; judged
+by its own manager, the `resize` queue's plan moves at most twice per load edge of the demo's
+square wave (1,500 <-> 50 jobs/s every 40 s: up at 0 s, down at 40 s, up at 80 s) and not in
+between, read from the decisions `/api/v1/cluster` reports; and the run's recording parses as
+the recorder's format."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -16,11 +21,13 @@ import httpx
 import pytest
 
 from qcluster.demo import RECORDING, RESIZE_EDGE_S
-from qcluster.manager.recorder import RecordHeader, RecordRound, read_recording
+from qcluster.manager.planning.recorder import RecordHeader, RecordRound, read_recording
 from tests.brokers import free_port_run
 from tests.conftest import QCLUSTER, ROOT, qcluster_env
+from tests.e2e.test_one_broker import processes_under
 
-DEMO_S = 180
+#: Seconds of load before the test's Ctrl-C: three half-periods of the square wave.
+LOAD_S = 3 * RESIZE_EDGE_S
 MAX_MOVES_PER_EDGE = 2
 POLL_S = 3.0
 Move = tuple[float, int, int, str]  # (at, from, to, reason)
@@ -36,21 +43,27 @@ class Demo:
         self.lines: list[tuple[float, str]] = []
         self.moves: dict[tuple[float, int, int], Move] = {}
         self.process = subprocess.Popen(
-            [*QCLUSTER, "demo", "--duration", str(DEMO_S), "--port", str(port),
-             "--state-dir", str(state_dir)],
+            [*QCLUSTER, "demo", "--port", str(port), "--state-dir", str(state_dir)],
             cwd=ROOT, env=qcluster_env(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        self.interrupted = False
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.append((time.time(), line))
 
+    def load_seconds(self) -> int:
+        """The load generator's own ``t`` on its latest progress line."""
+        found = [PROGRESS.match(line) for _, line in self.lines]
+        return max((int(m.group(1)) for m in found if m), default=0)
+
     def poll_decisions_until_exit(self) -> int:
-        """Collect resize decisions every POLL_S (the ring keeps 500) until the demo exits."""
+        """Collect resize decisions every POLL_S (the ring keeps 500); after LOAD_S seconds
+        of load, Ctrl-C (SIGINT to the demo, as a terminal sends it); until the demo exits."""
         url = f"http://127.0.0.1:{self.port}/api/v1/cluster"
         while True:
             try:
@@ -60,6 +73,9 @@ class Demo:
                             d["at"], d["from"], d["to"], d["reason"])
             except (httpx.HTTPError, ValueError, KeyError):
                 pass  # starting or stopping
+            if not self.interrupted and self.load_seconds() >= LOAD_S:
+                self.process.send_signal(signal.SIGINT)
+                self.interrupted = True
             try:
                 code = self.process.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
@@ -100,16 +116,21 @@ def table(moves: list[Move], started_at: float) -> str:
     return "\n".join(rows)
 
 
-@pytest.mark.timeout(DEMO_S + 240)
-def test_demo_resize_plan_moves_at_most_twice_per_load_edge(tmp_path: Path) -> None:
+@pytest.mark.timeout(LOAD_S + 240)
+def test_demo_runs_stops_on_ctrl_c_and_moves_resize_at_most_twice_per_load_edge(
+    tmp_path: Path,
+) -> None:
     state_dir = tmp_path / "state"
-    demo = Demo(state_dir, free_port_run(3))  # the manager, then one port per master
+    port = free_port_run(3)  # the manager, then one port per master
+    demo = Demo(state_dir, port)
     try:
         code = demo.poll_decisions_until_exit()
     finally:
-        if demo.process.poll() is None:
-            demo.process.kill()
+        stop_leftovers(demo.process, tmp_path)
     assert code == 0, demo.output
+    assert demo.interrupted, f"the demo ended before the test's Ctrl-C:\n{demo.output}"
+    assert "a child process exited" not in demo.output, demo.output
+    check_clean_run(demo.output, port, tmp_path)
     check_recording(state_dir / RECORDING, demo.output)
     started_at = demo.load_started_at()
     moves = sorted(demo.moves.values())
@@ -122,6 +143,33 @@ def test_demo_resize_plan_moves_at_most_twice_per_load_edge(tmp_path: Path) -> N
     assert not over, f"more than {MAX_MOVES_PER_EDGE} moves after edge(s) {over}:\n{seen}"
 
 
+def stop_leftovers(process: subprocess.Popen[str], tmp_path: Path) -> None:
+    """After a failure: Ctrl-C, so the demo stops its children (each in its own session);
+    then whatever still runs under the test's directory is killed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    for found in processes_under(tmp_path):  # "PID: command line (cwd ...)"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(found.split(":", 1)[0]), signal.SIGKILL)
+
+
+def check_clean_run(output: str, port: int, tmp_path: Path) -> None:
+    """What a user of `make demo` sees, and nothing left running after Ctrl-C."""
+    assert f"http://127.0.0.1:{port}/" in output
+    assert f"http://127.0.0.1:{port}/login?code=" in output  # its buttons work (one-time login)
+    assert "hosts 2" in output  # both masters reported to the manager
+    assert re.search(r"[1-9]\d*/\d+\s+slots", output), output  # slots ran
+    assert "demo stopped after enqueuing" in output
+    leftovers = subprocess.run(["pgrep", "-f", f"127.0.0.1:{port}"], capture_output=True)
+    assert leftovers.stdout == b"", "a demo process outlived the demo"
+    # nor its embedded broker: no process left whose command line names its state directory
+    assert processes_under(tmp_path) == []
+
+
 def check_recording(recording: Path, output: str) -> None:
     """The run's recording parses as the recorder's format and holds the demo's queues."""
     assert f"qcluster simulate --trace {recording}" in output
@@ -130,6 +178,6 @@ def check_recording(recording: Path, output: str) -> None:
     assert isinstance(header, RecordHeader) and {"resize", "mail", "noop"} <= set(header.queues)
     assert [line.type for line in lines].count("header") == 1  # one manager, one header
     rounds = [line for line in lines if isinstance(line, RecordRound)]
-    assert len(rounds) >= DEMO_S / 2 / 2  # one per 2 s round, half of them at least
+    assert len(rounds) >= LOAD_S / 2 / 2  # one per 2 s round, half of them at least
     assert sum(r.queues["resize"].done for r in rounds) > 0
     assert {"demo-a", "demo-b"} <= set(rounds[-1].hosts)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qcluster.manager.serving import BODY_TIMEOUT_S, SHUTDOWN_GRACE_S
+from qcluster.manager.api.serving import BODY_TIMEOUT_S, SHUTDOWN_GRACE_S
 from tests.conftest import free_port, wait_until
 from tests.e2e.cluster import Procs, try_json
 

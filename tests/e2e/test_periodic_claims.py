@@ -14,7 +14,7 @@ import pytest
 from qcluster.broker import open_broker
 from qcluster.broker.base import Broker
 from qcluster.job import decode_envelope
-from qcluster.manager.periodic import TICK_HEADER
+from qcluster.manager.planning.periodic import TICK_HEADER
 from tests.conftest import wait_until
 
 
@@ -137,7 +137,7 @@ def test_rabbitmq_the_receipt_stands_when_the_ledger_missed_it(
     with opened(rabbitmq_url) as first:
         assert tick(first, queue_name, job_name, 1_000)
         assert isinstance(first, KombuBroker)
-        ledger = first._periodic  # what a kill before the write leaves: the old record
+        ledger = first.periodic  # what a kill before the write leaves: the old record
         ledger._write({**ledger._ticks, job_name: 0})
         assert first.last_ticks()[job_name] == 0
     with opened(rabbitmq_url) as restarted:

@@ -1,8 +1,10 @@
 """Replaying what ``qcluster manager --record`` writes: restarts (a second header), a torn
-last line, policies carried by a round, a measured mean of 0, and the command end to end."""
+last line, policies carried by a round, a measured mean of 0, keys a newer version added,
+every line read back as written (hypothesis), and the command end to end."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import subprocess
@@ -10,10 +12,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qcluster.broker.base import QueueStats
-from qcluster.manager.recorder import Recorder
+from qcluster.manager.planning.recorder import (
+    HeaderHost,
+    Recorder,
+    RecordHeader,
+    RecordRound,
+    RoundHost,
+    RoundQueue,
+    dump_record_line,
+    read_recording,
+)
 from qcluster.manager.simulator import TraceError, load_trace
+from qcluster.manager.simulator.trace import _rec_lines
+from qcluster.manager.state import QueueObservation, RoundObservation
 from qcluster.policy import QueuePolicy
 from tests.unit.test_manager_state import make_policy, report, state
 
@@ -153,3 +168,80 @@ def test_a_batch_cost_slows_the_simulated_slots() -> None:
     # 300 jobs/s x 8 ms = 2.4 slot-s/s on 2 slots: a backlog grows; at 2 ms it does not.
     assert plain.backlog < 300 < slowed.backlog  # at the end
     assert slowed.busy_seconds > 2 * plain.busy_seconds
+
+
+def test_keys_a_newer_version_added_are_ignored(tmp_path: Path) -> None:
+    """A newer recorder's keys, in the header, a line, a host, a queue or a policy (the
+    last refused before: the replay validated policies as qcluster.toml's, strictly)."""
+    newer = {"type": "header", "version": 1, "started_at": T0, "interval_s": 2.0,
+             "queues": {"mail": {**policy(priority=4), "new_knob": 1}},
+             "hosts": {"a": {"slots": 8, "zone": "b"}}, "recorder": "9.0"}
+    line = json.loads(round_(2.0, {"mail": 10}, thumbs={**policy(), "new_knob": 2}))
+    line["queues"]["mail"]["p99_s"] = 0.4
+    line["hosts"]["a"]["load"] = 0.5
+    line["cause"] = "timer"
+    trace = load_trace(write(tmp_path, [json.dumps(newer), json.dumps(line)]))
+    assert trace.queues["mail"].per_round == [10]
+    assert trace.queues["mail"].queue_policy().priority == 4
+    assert trace.queues["thumbs"].queue_policy() == QueuePolicy.model_validate({})
+
+
+FINITE = {"allow_nan": False, "allow_infinity": False}
+NAMES = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=6)
+POLICIES = st.builds(
+    lambda priority, batch, most, est: QueuePolicy.model_validate(
+        {"priority": priority, "batch_size": batch, "max_slots": most, "est_job_seconds": est}),
+    st.integers(-100, 100), st.integers(1, 2_000), st.integers(0, 1_000),
+    st.floats(1e-6, 3_600, **FINITE))
+HEADERS = st.builds(
+    RecordHeader, started_at=st.floats(0, 4e9, **FINITE),
+    interval_s=st.floats(0.01, 600, **FINITE),
+    queues=st.dictionaries(NAMES, POLICIES, max_size=3),
+    hosts=st.dictionaries(NAMES, st.builds(HeaderHost, slots=st.integers(0, 10_000)),
+                          max_size=3))
+COUNTS = st.integers(0, 10**9)
+ROUNDS = st.builds(
+    RecordRound, t_s=st.floats(0, 1e7, **FINITE),
+    hosts=st.dictionaries(NAMES, st.builds(RoundHost, slots=st.integers(0, 10_000),
+                                           alive=st.booleans()), max_size=3),
+    queues=st.dictionaries(NAMES, st.builds(
+        RoundQueue, arrived=COUNTS, done=COUNTS, backlog=COUNTS, slots=st.integers(0, 10_000),
+        mean_job_s=st.none() | st.floats(0, 1e5, **FINITE)), max_size=3),
+    policies=st.dictionaries(NAMES, POLICIES, max_size=2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(HEADERS, st.lists(HEADERS | ROUNDS, max_size=5))
+def test_the_replay_reads_back_every_line_the_recorder_writes(
+        header: RecordHeader, rest: list[RecordHeader | RecordRound]) -> None:
+    """Names with any character (U+2028 too: JSON leaves it unescaped), floats to the last
+    bit, a round's policies left out when it has none."""
+    lines = [header, *rest]
+    text = "".join(dump_record_line(line) + "\n" for line in lines)
+    assert _rec_lines(text, "rec") == lines
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(0, 3_000), st.integers(0, 8),
+                          st.integers(0, 2)), min_size=1, max_size=12))
+def test_a_recorders_rounds_replay_as_written(tmp_path_factory: pytest.TempPathFactory,
+                                              rounds: list[tuple[int, int, int, int]]) -> None:
+    """Whatever the manager observed: the replay's arrivals per round are the ones the
+    recorder wrote, the policy is the last one carried, the host's capacity follows."""
+    path = tmp_path_factory.mktemp("rec") / "rec.jsonl"
+    recorder = Recorder(path, interval_s=2.0, started_at=T0)
+    variants = [QueuePolicy.model_validate({"priority": p}) for p in range(3)]
+    for k, (done, backlog, capacity, variant) in enumerate(rounds, start=1):
+        seen = QueueObservation(processed=done, busy_s=done * 0.01, backlog=backlog,
+                                locked=0, running=1)
+        recorder.write(RoundObservation(hosts={"a": (capacity, True)}, queues={"mail": seen},
+                                        policies={"mail": variants[variant]}), T0 + 2.0 * k)
+    recorder.close()
+    written = [line for line in read_recording(path) if isinstance(line, RecordRound)]
+    trace = load_trace(path)
+    assert trace.queues["mail"].per_round == [r.queues["mail"].arrived for r in written]
+    assert trace.queues["mail"].queue_policy() == variants[rounds[-1][3]]
+    assert trace.duration_s == 2.0 * len(rounds) and trace.hosts["a"].slots == rounds[0][2]
+    capacities = [capacity for _, _, capacity, _ in rounds]
+    changes = [now for before, now in itertools.pairwise(capacities) if now != before]
+    assert [e.slots for e in trace.events if e.event == "capacity"] == changes

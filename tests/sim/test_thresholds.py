@@ -220,7 +220,7 @@ def test_idle_slots_drain_a_shifted_backlog_sooner_without_more_churn(
     slot while 3 of 4 slots sat idle. With the idle-slot rule b keeps the free slots while
     its backlog is worth them: a shorter wait, more jobs per second over the transition,
     and no more slot moves than without it."""
-    from qcluster.manager import planning
+    from qcluster.manager.planning import plan as planning
     from qcluster.manager.simulator.engine import Simulation
     from qcluster.manager.simulator.policies import make_policy
     from qcluster.manager.simulator.trace import Trace
@@ -283,7 +283,7 @@ def test_a_held_queue_lends_its_spare_slots_when_capacity_is_short(
     kept. The plan now follows the load (a's slots go to b and come back), so it moves more
     than a plan that held a's slots through b's phases: 17 plan moves instead of 11 over 4
     shifts, 38 slot moves instead of 28 (bounded here at 1.5 times)."""
-    from qcluster.manager import planning
+    from qcluster.manager.planning import plan as planning
     from qcluster.manager.simulator.engine import Simulation
     from qcluster.manager.simulator.policies import make_policy
     from qcluster.manager.simulator.trace import Trace

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from qcluster.admin_ui.jobs_view import PAGE_SIZE, Pages, page_offset, pretty_json
 from qcluster.broker import open_broker
 from qcluster.config import load_settings
-from qcluster.manager.api import create_app
+from qcluster.manager.api.app import create_app
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from tests.contract.test_jobs_api import dead_letters

@@ -17,9 +17,9 @@ from qcluster.broker.amqp_messages import (
     ATTEMPTS_HEADER,
     DELIVERY_COUNT_HEADER,
     SUSPECT_HEADER,
-    _charge_redelivery,
-    _fold_delivery_count,
-    _taken_attempts,
+    charge_redelivery,
+    fold_delivery_count,
+    taken_attempts,
 )
 
 
@@ -38,9 +38,9 @@ def test_a_quorum_job_is_charged_every_death_but_its_first_wherever_it_was_copie
     for copy in copy_after:
         quorum_death(headers)
         if copy:
-            _fold_delivery_count(headers)
+            fold_delivery_count(headers)
             assert DELIVERY_COUNT_HEADER not in headers
-    attempts, suspect = _taken_attempts(headers)
+    attempts, suspect = taken_attempts(headers)
     deaths = len(copy_after)
     assert attempts == 1 + max(deaths - 1, 0)
     assert suspect == (deaths > 0)
@@ -53,9 +53,9 @@ def test_folding_a_quorum_count_changes_nothing_the_next_take_sees(
     headers: dict[str, Any] = {ATTEMPTS_HEADER: attempts, DELIVERY_COUNT_HEADER: count}
     if suspect:
         headers[SUSPECT_HEADER] = 1
-    before = _taken_attempts(headers)
-    _fold_delivery_count(headers)
-    assert _taken_attempts(headers) == before
+    before = taken_attempts(headers)
+    fold_delivery_count(headers)
+    assert taken_attempts(headers) == before
 
 
 @given(st.integers(1, 12))
@@ -63,21 +63,21 @@ def test_a_classic_job_is_charged_every_death_but_its_first(deaths: int) -> None
     """A classic queue only flags a redelivery: each is republished, charged once."""
     headers: dict[str, Any] = {}
     for _ in range(deaths):
-        _charge_redelivery(headers, 1)
-    assert _taken_attempts(headers) == (deaths, True)
+        charge_redelivery(headers, 1)
+    assert taken_attempts(headers) == (deaths, True)
 
 
 def test_a_death_beside_others_is_not_charged_a_death_alone_is() -> None:
     batch_mate: dict[str, Any] = {ATTEMPTS_HEADER: 2}  # two earlier runs that failed
-    _charge_redelivery(batch_mate, 1)
-    assert _taken_attempts(batch_mate) == (3, True)
-    _charge_redelivery(batch_mate, 1)  # suspect: it ran alone, and died
-    assert _taken_attempts(batch_mate) == (4, True)
+    charge_redelivery(batch_mate, 1)
+    assert taken_attempts(batch_mate) == (3, True)
+    charge_redelivery(batch_mate, 1)  # suspect: it ran alone, and died
+    assert taken_attempts(batch_mate) == (4, True)
 
 
 def test_an_unreadable_count_is_left_for_the_slot_to_dead_letter() -> None:
     headers: dict[str, Any] = {ATTEMPTS_HEADER: "abc", DELIVERY_COUNT_HEADER: 1}
-    _fold_delivery_count(headers)
+    fold_delivery_count(headers)
     assert headers[ATTEMPTS_HEADER] == "abc"
-    _charge_redelivery(headers, 1)
+    charge_redelivery(headers, 1)
     assert headers[ATTEMPTS_HEADER] == "abc" and SUSPECT_HEADER in headers

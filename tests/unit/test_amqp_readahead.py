@@ -133,3 +133,39 @@ def test_connection_options_come_out_of_the_url_as_numbers(seconds: float, other
 def test_a_bad_connection_option_is_one_clear_error(value: str) -> None:
     with pytest.raises(BrokerError, match=f"connect_timeout={value!r}"):
         split_url_options(f"amqp://h//?connect_timeout={value}")
+
+
+@settings(max_examples=40, deadline=None)
+@given(frames=frames, partial=st.binary(min_size=1, max_size=6))
+def test_a_frame_said_ready_is_read_from_the_buffer_alone(frames: list[Frame],
+                                                          partial: bytes) -> None:
+    """``buffered_frame`` returns a frame exactly while all of it is buffered, without the
+    socket (the connection's drain parses it without setting the socket's timeout), and
+    leaves a partial one for the next read."""
+    with transport_on_socketpair() as (transport, peer):
+        assert transport.buffered_frame() is None
+        stream = b"".join(map(encode, frames))
+        writer = threading.Thread(target=peer.sendall, args=(stream + partial,))
+        writer.start()
+        got = [transport.read_frame()]
+        consumed, total = len(encode(frames[0])), len(stream) + len(partial)
+        while consumed + len(transport._pending) - transport._offset < total:  # all of it
+            transport._fill(len(transport._pending) - transport._offset + 1)
+        writer.join()
+        sock, transport.sock = transport.sock, None  # any read of the socket now fails
+        try:
+            while (frame := transport.buffered_frame()) is not None:
+                got.append(frame)
+        finally:
+            transport.sock = sock
+        assert got == frames  # the partial frame after them is left
+        assert len(transport._pending) - transport._offset == len(partial)
+
+
+def test_a_bad_frame_end_in_the_buffer_is_an_error() -> None:
+    with transport_on_socketpair() as (transport, peer):
+        peer.sendall(encode((1, 0, b"ok")) + encode((1, 0, b"abc"), end=0x00))
+        assert transport.read_frame() == (1, 0, b"ok")
+        transport._fill(len(encode((1, 0, b"abc"))))  # all of the bad frame is buffered
+        with pytest.raises(UnexpectedFrame):
+            transport.buffered_frame()

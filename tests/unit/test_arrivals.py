@@ -1,4 +1,4 @@
-"""The jobs arrived per planning round (manager/arrivals.py, through ClusterState): counted
+"""The jobs arrived per planning round (manager/planning/arrivals.py, through ClusterState): counted
 on one ledger (the broker's ready + locked jobs and the jobs settled in the reports), so
 the masters' report lag makes a count late, never a phantom (chaos row L2)."""
 

@@ -22,7 +22,7 @@ from qcluster.broker import open_broker
 from qcluster.broker.base import Broker
 from qcluster.broker.health import queue_nodes, read_health
 from qcluster.broker.redis_broker import RedisBroker
-from qcluster.manager.api import create_app
+from qcluster.manager.api.app import create_app
 from qcluster.manager.service import ManagerService
 from tests.brokers import BrokerUnavailable, PrivateRedisCluster, PrivateRedisSentinel
 from tests.conftest import wait_until

@@ -23,6 +23,7 @@ from qcluster.broker import (
     mask_url,
     open_broker,
 )
+from qcluster.broker.urls import split_urls
 from qcluster.errors import ConfigError
 
 BACKENDS = [
@@ -100,15 +101,16 @@ def test_a_masked_url_keeps_everything_but_the_password(
 
 
 @given(st.text(max_size=200))
+@example(text="x://a/;@b")  # not a RabbitMQ list: masked as one URL, its ";" with it
 def test_mask_url_never_raises_and_never_shows_a_userinfo_password(text: str) -> None:
-    masked = mask_url(text)
-    for one, original in zip(masked.split(";"), text.split(";"), strict=True):
+    masked = mask_url(text)  # only a RabbitMQ list keeps its ";" entries: check it whole
+    for original in split_urls(text):
         try:
             password = urlsplit(original).password
         except ValueError:
             continue
         if password and password != "**":
-            assert f":{password}@" not in one
+            assert f":{password}@" not in masked
 
 
 @given(st.text(max_size=100))

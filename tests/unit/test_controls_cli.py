@@ -19,8 +19,8 @@ from qcluster.config import load_settings
 from qcluster.controls_cli import MANAGER_UNREACHABLE, TOKEN_REFUSED
 from qcluster.errors import BrokerUnavailable
 from qcluster.exitcodes import CONFIG, USAGE
-from qcluster.manager.api import create_app
-from qcluster.manager.controls import ControlStore
+from qcluster.manager.api.app import create_app
+from qcluster.manager.controls.store import ControlStore
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from tests.conftest import free_port, wait_until

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from qcluster.broker import open_broker
 from qcluster.broker.base import Broker
 from qcluster.controls import MAX_AT, Control, parse_stored, utc_text
-from qcluster.manager.controls import ControlStore
+from qcluster.manager.controls.store import ControlStore
 
 
 @pytest.fixture(params=["redis", "rabbitmq"])

@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qcluster import Job
-from qcluster.broker.redis_broker import RedisBroker, _delay_ms
+from qcluster.broker.redis_broker import RedisBroker
+from qcluster.broker.redis_scripts import delay_ms
 from qcluster.errors import (
     BrokerUnavailable,
     EnvelopeError,
@@ -61,7 +62,7 @@ def test_a_delay_is_accepted_only_finite_and_within_a_year(delay: float) -> None
 
 @given(st.floats(allow_nan=True, allow_infinity=True))
 def test_settling_never_fails_on_a_delay(delay: float) -> None:
-    assert 0 <= _delay_ms(delay) <= MAX_DELAY_S * 1000
+    assert 0 <= delay_ms(delay) <= MAX_DELAY_S * 1000
 
 
 def test_job_retry_refuses_nan_infinity_negative_and_huge() -> None:
@@ -133,16 +134,17 @@ _IDS = st.one_of(st.binary(min_size=1, max_size=12), st.text(min_size=1, max_siz
 def test_a_take_reply_always_becomes_deliveries_marking_suspects_and_bad_ids(
     jobs: list[tuple[bytes, int]],
 ) -> None:
-    from qcluster.broker.redis_broker import _deliveries, _wire_id
+    from qcluster.broker.redis_scripts import deliveries as parse
+    from qcluster.broker.redis_scripts import wire_id
 
     reply: list[object] = [1_700_000_000_000, 1_700_000_060_000,
                            sum(1 for _, attempts in jobs if attempts < 0)]
     for job_id, attempts in jobs:
         reply += [job_id, b"{}", attempts, b"1700000000000"]
-    deliveries = _deliveries(reply)
+    deliveries = parse(reply)
     assert len(deliveries) == len(jobs)
     for delivery, (job_id, attempts) in zip(deliveries, jobs, strict=True):
-        assert _wire_id(delivery.id) == job_id, "settling must address the stored id"
+        assert wire_id(delivery.id) == job_id, "settling must address the stored id"
         assert (delivery.attempts, delivery.suspect) == (abs(attempts), attempts < 0)
         try:
             job_id.decode()

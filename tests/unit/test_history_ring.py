@@ -8,7 +8,7 @@ from collections import deque
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qcluster.manager.state import HISTORY_S, HistoryRing
+from qcluster.manager.history import HISTORY_S, HistoryRing
 from qcluster.messages import HistoryPoint
 
 points = st.builds(
@@ -37,4 +37,4 @@ def test_the_ring_keeps_what_a_deque_of_the_last_hour_would_up_to_its_capacity(
         assert list(ring) == list(expected)
         assert ring.capacity == size_after_first == capacity  # never grows
     cutoff = now - 60.0
-    assert ring.since(cutoff) == tuple(p for p in expected if p.at >= cutoff)
+    assert tuple(ring.since(cutoff)) == tuple(p for p in expected if p.at >= cutoff)

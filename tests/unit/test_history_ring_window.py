@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from qcluster.manager.state import HistoryRing
+from qcluster.manager.history import HistoryRing
 from qcluster.messages import HistoryPoint
 
 

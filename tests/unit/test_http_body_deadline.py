@@ -18,9 +18,9 @@ import uvicorn
 
 from qcluster.broker import open_broker
 from qcluster.config import load_settings
-from qcluster.manager.api import create_app
+from qcluster.manager.api.app import create_app
+from qcluster.manager.api.serving import RequestDeadlineProtocol, uvicorn_options
 from qcluster.manager.service import ManagerService
-from qcluster.manager.serving import RequestDeadlineProtocol, uvicorn_options
 from qcluster.manager.state import ClusterState
 from tests.unit.test_http_limits import DROP_LIMIT_S, HEAD_TIMEOUT_S, connect, get
 
@@ -121,10 +121,11 @@ def test_the_master_never_waits_for_a_body() -> None:
     """The master's server reads no body (GET only; other methods: 405 and close), answers
     HTTP/1.0 and closes: a trickled body holds none of its threads."""
     from qcluster.master.http import serve
-    from qcluster.master.snapshot import Snapshot
+    from qcluster.master.snapshot import SupervisorSnapshot
     from qcluster.security import ListenAddress
 
-    server = serve(ListenAddress("127.0.0.1", 0), Snapshot, "h", head_timeout_s=HEAD_TIMEOUT_S)
+    server = serve(ListenAddress("127.0.0.1", 0), SupervisorSnapshot, "h",
+                   head_timeout_s=HEAD_TIMEOUT_S)
     try:
         for method in (b"POST", b"GET"):
             with connect(server.server_address[1]) as sock:

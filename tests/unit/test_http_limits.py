@@ -4,7 +4,7 @@ master serves a bounded number of connections; normal clients and slow bodies ar
 
 The real servers: the master's :func:`qcluster.master.http.serve`, and the manager's app
 (:func:`create_app`) served by uvicorn with the manager's options
-(:func:`qcluster.manager.serving.uvicorn_options`), each with a short head timeout. The
+(:func:`qcluster.manager.api.serving.uvicorn_options`), each with a short head timeout. The
 verdicts wait for the drop (bounded by DROP_LIMIT_S, far above the timeouts), never
 measure how soon it came."""
 
@@ -26,19 +26,19 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from qcluster.broker import open_broker
 from qcluster.config import load_settings
-from qcluster.manager.api import create_app
+from qcluster.manager.api.app import create_app
+from qcluster.manager.api.serving import RequestDeadlineProtocol, uvicorn_options
 from qcluster.manager.service import ManagerService
-from qcluster.manager.serving import RequestDeadlineProtocol, uvicorn_options
 from qcluster.manager.state import ClusterState
 from qcluster.master.http import serve
-from qcluster.master.snapshot import Snapshot
+from qcluster.master.snapshot import SupervisorSnapshot
 from qcluster.security import ListenAddress
 from tests.unit.test_manager_state import report
 
 HEAD_TIMEOUT_S = 0.8  # short for the tests' time; a normal request's head is sent at once
 DROP_LIMIT_S = 30.0  # a server that keeps the connection this long has no limit
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # the blank line never comes
-#: The uvicorn versions whose h11 protocol internals manager/serving.py was checked on
+#: The uvicorn versions whose h11 protocol internals manager/api/serving.py was checked on
 #: (pyproject pins the same range).
 UVICORN_CHECKED = ((0, 29), (0, 55))
 
@@ -90,7 +90,7 @@ def get(conn: http.client.HTTPConnection, path: str = "/healthz") -> tuple[int, 
 
 @pytest.fixture(scope="module")
 def master_port() -> Iterator[int]:
-    server = serve(ListenAddress("127.0.0.1", 0), lambda: Snapshot(), "h",
+    server = serve(ListenAddress("127.0.0.1", 0), lambda: SupervisorSnapshot(), "h",
                    head_timeout_s=HEAD_TIMEOUT_S)
     yield server.server_address[1]
     server.shutdown()
@@ -123,7 +123,7 @@ def test_master_answers_and_closes(master_port: int) -> None:
 
 def test_master_refuses_connections_beyond_its_bound() -> None:
     """Each connection holds a thread: above max_connections, 503 and closed at once."""
-    server = serve(ListenAddress("127.0.0.1", 0), lambda: Snapshot(), "h",
+    server = serve(ListenAddress("127.0.0.1", 0), lambda: SupervisorSnapshot(), "h",
                    head_timeout_s=DROP_LIMIT_S, max_connections=2)
     port = server.server_address[1]
     held = [connect(port), connect(port)]
@@ -230,12 +230,12 @@ def test_manager_options_bound_concurrency() -> None:
 
 
 def test_the_uvicorn_internals_the_deadline_relies_on_are_there() -> None:
-    """manager/serving.py subclasses uvicorn's h11 protocol: an upgrade that renames what
+    """manager/api/serving.py subclasses uvicorn's h11 protocol: an upgrade that renames what
     it uses fails here by name (and the tests above fail by behaviour)."""
     version = tuple(int(part) for part in uvicorn.__version__.split(".")[:2])
     low, high = UVICORN_CHECKED
     assert low <= version < high, (
-        f"uvicorn {uvicorn.__version__} is outside the range manager/serving.py was checked "
+        f"uvicorn {uvicorn.__version__} is outside the range manager/api/serving.py was checked "
         f"on ({low} <= v < {high}): check its H11Protocol use, then widen the range")
     for name, params in [("connection_made", ["transport"]), ("data_received", ["data"]),
                          ("on_response_complete", []), ("connection_lost", ["exc"]),

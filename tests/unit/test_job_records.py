@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qcluster.broker.base import DeadRetention
-from qcluster.broker.redis_broker import _finished_args
+from qcluster.broker.redis_scripts import finished_args
 from qcluster.job import Delivery
 from qcluster.jobs import JobInfo, payload_of
 
@@ -31,14 +31,14 @@ def expand(args: list[object], count: int) -> list[tuple[int, int]]:
 def test_the_runs_give_each_ack_its_take_and_attempts(pairs: list[tuple[float, int]]) -> None:
     deliveries = [Delivery(f"id{n}", b"{}", attempts, 0.0, taken)
                   for n, (taken, attempts) in enumerate(pairs)]
-    args = _finished_args(deliveries, DeadRetention(keep_finished_s=300))
+    args = finished_args(deliveries, DeadRetention(keep_finished_s=300))
     assert expand(args, len(pairs)) == [(round(t * 1000), a) for t, a in pairs]
 
 
 def test_no_section_when_the_queue_keeps_nothing_or_nothing_was_acked() -> None:
     one = [Delivery("a", b"{}", 1, 0.0, 1.0)]
-    assert _finished_args(one, DeadRetention(keep_finished_s=0)) == []
-    assert _finished_args([], DeadRetention()) == []
+    assert finished_args(one, DeadRetention(keep_finished_s=0)) == []
+    assert finished_args([], DeadRetention()) == []
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qcluster.master.http import serve
-from qcluster.master.snapshot import Snapshot
+from qcluster.master.snapshot import SupervisorSnapshot
 from qcluster.security import (
     ListenAddress,
     host_header_is_loopback,
@@ -91,7 +91,7 @@ def test_names_and_garbage_are_not_loopback(host: str) -> None:
 
 def test_a_shorthand_loopback_listen_answers_its_own_host_header() -> None:
     assert parse_listen("127.1:7301").loopback
-    server = serve(ListenAddress("127.1", 0), Snapshot, "h")
+    server = serve(ListenAddress("127.1", 0), SupervisorSnapshot, "h")
     try:
         port = server.server_address[1]
         assert _get(port, "/api/v1/host", host=f"127.1:{port}")[0] == 200
@@ -103,7 +103,7 @@ def test_a_shorthand_loopback_listen_answers_its_own_host_header() -> None:
 @pytest.fixture
 def public_master() -> Iterator[int]:
     """The master's endpoint bound to every address (off loopback), with its token."""
-    server = serve(ListenAddress("0.0.0.0", 0), Snapshot, "h", token=TOKEN)
+    server = serve(ListenAddress("0.0.0.0", 0), SupervisorSnapshot, "h", token=TOKEN)
     try:
         yield server.server_address[1]
     finally:

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from qcluster.admin_ui.source import ClusterSource
 from qcluster.broker import open_broker
 from qcluster.config import load_settings
-from qcluster.manager.api import create_app
-from qcluster.manager.planning import MAX_HOLD_ROUNDS
+from qcluster.manager.api.app import create_app
+from qcluster.manager.planning.plan import MAX_HOLD_ROUNDS
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from qcluster.metrics import MANAGER_GAUGES, MANAGER_METRICS, MANAGER_QUEUE_GAUGES

@@ -1,5 +1,6 @@
 """``qcluster manager --record``: the lines written per planning round, read back with the
-format's own pydantic model; restarts, rotation, a torn last line, and the arrival estimate."""
+format's own pydantic model; restarts, rotation, a torn last line, keys a newer version
+added, and the arrival estimate."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 
 from qcluster.broker.base import QueueStats
 from qcluster.config import load_settings
-from qcluster.manager.recorder import (
+from qcluster.manager.planning.recorder import (
     Recorder,
     RecordHeader,
     RecordRound,
@@ -214,3 +215,36 @@ def test_only_a_torn_tail_is_cut(tmp_path_factory: pytest.TempPathFactory, lines
     path.write_bytes((whole + torn).encode())
     _drop_torn_tail(path, chunk=chunk)
     assert path.read_bytes() == whole.encode()
+
+
+def test_a_reader_ignores_keys_it_does_not_know_and_the_writer_cannot_add_one(
+        tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    s = state()
+    s.receive(report("a", {"mail": 1}, processed=3, busy=0.3), now=T0 + 0.5)
+    recorder = Recorder(path, interval_s=1.0, started_at=T0)
+    recorder.record(s, T0 + 1.0)
+    recorder.close()
+    header, first = (json.loads(line) for line in path.read_text().splitlines())
+    header["hosts"]["a"]["zone"] = "b"
+    header["queues"]["mail"]["new_knob"] = 1
+    first["queues"]["mail"]["p99_s"] = 0.2
+    first["cause"] = "timer"
+    path.write_text(f"{json.dumps(header)}\n{json.dumps(first)}\n")
+    newer_header, newer_first = read_recording(path)
+    assert isinstance(newer_header, RecordHeader) and isinstance(newer_first, RecordRound)
+    assert newer_header.queues["mail"] == POLICIES["mail"]
+    assert newer_first.t_s == 1.0 and newer_first.queues["mail"].done == 3
+    with pytest.raises(ValidationError, match="cause"):
+        RecordRound.model_validate(first)  # the models stay closed: parse_record_line is lenient
+
+
+def test_a_round_before_the_start_a_clock_stepped_back_to_is_written_at_0(
+        tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    s = state()
+    s.receive(report("a", {"noop": 1}), now=T0 - 5)
+    recorder = Recorder(path, interval_s=1.0, started_at=T0)
+    recorder.record(s, T0 - 3.0)
+    recorder.close()
+    assert [r.t_s for r in rounds_of(path)] == [0.0]

@@ -1,4 +1,4 @@
-"""The rolling reload's sequencing (``manager/reloads.py``, pure): one host at a time, the
+"""The rolling reload's sequencing (``manager/reloads/rollout.py``, pure): one host at a time, the
 next asked only when the previous took the new code or was skipped, a failure stops it.
 A table of the steps an operator meets, then hypothesis over whole rollouts of hosts that
 take, fail, ignore the request or stop reporting."""
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qcluster.manager.reloads import (
+from qcluster.manager.reloads.rollout import (
     TAKE_UP_S,
     Advanced,
     HostSeen,

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from qcluster.config import load_settings
-from qcluster.manager.api import create_app
+from qcluster.manager.api.app import create_app
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from qcluster.messages import CodeInfo, ReloadState

@@ -22,8 +22,8 @@ from qcluster.cli import cli, register_commands
 from qcluster.config import load_settings
 from qcluster.controls_cli import RELOAD_FAILED, RELOAD_INCOMPLETE, RELOAD_REFUSED
 from qcluster.exitcodes import CONFIG, USAGE
-from qcluster.manager.api import create_app
-from qcluster.manager.reloads import ReloadBook
+from qcluster.manager.api.app import create_app
+from qcluster.manager.reloads.rollout import ReloadBook
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from qcluster.messages import CodeInfo, ReloadState

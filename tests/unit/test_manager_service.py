@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from qcluster.broker.base import Broker, DeadJob, QueueStats
 from qcluster.errors import BrokerUnavailable
-from qcluster.manager.api import create_app
-from qcluster.manager.recorder import Recorder
+from qcluster.manager.api.app import create_app
+from qcluster.manager.planning.recorder import Recorder
 from qcluster.manager.service import ManagerService
 from tests.unit.test_manager_state import report as host_report
 from tests.unit.test_manager_state import state
@@ -25,7 +25,9 @@ class FakeBroker:
         self.ready: dict[str, int] = {}
         self.stats_calls = 0
         self.down: str | None = None
-        """Every call raises BrokerUnavailable with this reason."""
+        """Every call but the controls' raises BrokerUnavailable with this reason."""
+        self.controls: dict[str, bytes] = {}
+        """The broker's durable controls store (pause, drain)."""
 
     def _answer(self) -> None:
         if self.down is not None:
@@ -51,6 +53,23 @@ class FakeBroker:
 
     def requeue_dead(self, queue: str) -> int:
         return 0
+
+    safe_url = ""
+
+    def kind(self) -> str:
+        return type(self).__name__  # as a Broker whose URL names no known broker
+
+    def redis_client(self) -> None:
+        return None
+
+    def read_controls(self) -> dict[str, bytes]:
+        return dict(self.controls)
+
+    def write_control(self, key: str, value: bytes | None) -> None:
+        if value is None:
+            self.controls.pop(key, None)
+        else:
+            self.controls[key] = value
 
 
 class Clock:

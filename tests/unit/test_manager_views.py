@@ -9,7 +9,7 @@ import math
 import pytest
 
 from qcluster.broker.base import QueueStats
-from qcluster.manager.planning import QueuePlan, Why
+from qcluster.manager.planning.plan import QueuePlan, Why
 from qcluster.manager.state import (
     HostEntry,
     HostSnapshot,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qcluster.master.broker_health import BrokerHealth, broker_addresses
+from qcluster.master.broker_health import BrokerConnectCheck, broker_addresses
 from qcluster.master.effects import ProcessEffects
 
 
@@ -53,7 +53,7 @@ def _free_port() -> int:
 def test_degraded_while_the_broker_refuses_then_ok_again() -> None:
     port = _free_port()
     now = [0.0]
-    health = BrokerHealth(f"redis://127.0.0.1:{port}/0", Path("."), threading.Lock(),
+    health = BrokerConnectCheck(f"redis://127.0.0.1:{port}/0", Path("."), threading.Lock(),
                           clock=lambda: now[0])
     status = health.status()
     assert status["status"] == "degraded"
@@ -92,11 +92,11 @@ def test_healthz_says_degraded_with_the_reason() -> None:
     import json
 
     from qcluster.master.http import serve
-    from qcluster.master.snapshot import Snapshot
+    from qcluster.master.snapshot import SupervisorSnapshot
     from qcluster.security import ListenAddress
 
     reason = {"status": "degraded", "broker": "cannot connect to h:1: Connection refused"}
-    server = serve(ListenAddress("127.0.0.1", 0), lambda: Snapshot(), "h", lambda: reason)
+    server = serve(ListenAddress("127.0.0.1", 0), lambda: SupervisorSnapshot(), "h", lambda: reason)
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=5)
         conn.request("GET", "/healthz")

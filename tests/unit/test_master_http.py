@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qcluster.master.http import build_registry
-from qcluster.master.snapshot import Snapshot
+from qcluster.master.snapshot import SupervisorSnapshot
 
 
 def test_a_metric_file_being_created_does_not_break_the_scrape(
@@ -21,7 +21,7 @@ def test_a_metric_file_being_created_does_not_break_the_scrape(
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     (tmp_path / "counter_slot3.db").write_bytes(b"")  # created, not yet sized
-    registry = build_registry(lambda: Snapshot(), "h")
+    registry = build_registry(lambda: SupervisorSnapshot(), "h")
     text = generate_latest(registry).decode()
     assert "qcluster_host_capacity_slots" in text
 
@@ -33,7 +33,7 @@ def test_the_endpoint_answers_get_and_refuses_the_rest() -> None:
     from qcluster.master.http import serve
     from qcluster.security import ListenAddress
 
-    snap = Snapshot(capacity_slots=7, fatal={"q": "5 boot errors in a row"})
+    snap = SupervisorSnapshot(capacity_slots=7, fatal={"q": "5 boot errors in a row"})
     server = serve(ListenAddress("127.0.0.1", 0), lambda: snap, "h")
     port = server.server_address[1]
     try:

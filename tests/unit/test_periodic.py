@@ -1,5 +1,5 @@
 """Periodic jobs' declarations and tick arithmetic (qcluster/periodic.py), and the
-manager's merge of ``@app.periodic`` with ``[periodic.NAME]`` (manager/periodic.py).
+manager's merge of ``@app.periodic`` with ``[periodic.NAME]`` (manager/planning/periodic.py).
 
 The tick properties are checked with hypothesis over schedules and over the times at which
 managers wake: no tick is enqueued twice (also by two managers sharing the broker's
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from qcluster.app import App
 from qcluster.config import load_settings
 from qcluster.errors import ConfigError
-from qcluster.manager.periodic import configured_jobs
+from qcluster.manager.planning.periodic import configured_jobs
 from qcluster.periodic import MISSED_AFTER_S, PeriodicSpec, due_ticks, periodic_spec
 
 MISSED_MS = round(MISSED_AFTER_S * 1000)

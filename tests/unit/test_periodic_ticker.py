@@ -1,4 +1,4 @@
-"""The manager's ticker (manager/periodic.py) on a real Redis, with a clock the test moves:
+"""The manager's ticker (manager/planning/periodic.py) on a real Redis, with a clock the test moves:
 ticks enqueued once across two tickers, a job's first tick after the manager started, a
 failed publish leaves the tick to the next pass, missed ticks per
 catch_up, and what the admin page is given."""
@@ -16,10 +16,11 @@ import redis
 
 from qcluster.broker import open_broker
 from qcluster.broker.base import Broker
-from qcluster.broker.redis_broker import PERIODIC_KEY, RedisBroker, _client_options
+from qcluster.broker.redis_broker import PERIODIC_KEY, RedisBroker
+from qcluster.broker.redis_client import client_options
 from qcluster.errors import BrokerError, BrokerUnavailable
 from qcluster.job import decode_envelope
-from qcluster.manager.periodic import PeriodicTicker
+from qcluster.manager.planning.periodic import PeriodicTicker
 from qcluster.periodic import periodic_spec
 
 #: 2030-01-01T00:00:00Z: a whole minute, so every-second ticks are easy to name.
@@ -123,7 +124,7 @@ def test_a_tick_stored_on_the_master_but_not_on_a_replica_is_enqueued_once(
     ReplicationUnconfirmed after the job is stored on the master. The tick is recorded
     with it, so the next pass does not publish the tick again (it ran twice when the claim
     was given back and the first copy had been taken meanwhile)."""
-    client = redis.Redis.from_url(redis_url, **_client_options(3))
+    client = redis.Redis.from_url(redis_url, **client_options(3))
     waiting = RedisBroker(client, safe_url="redis://test", replicas=1, replica_timeout_ms=50)
     slot = open_broker(redis_url)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from qcluster.manager.placement import SlotMap, place
+from qcluster.manager.planning.placement import SlotMap, place
 
 HOSTS = ["h1", "h2", "h3", "h4"]
 QUEUES = ["a", "b", "c"]

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from qcluster.manager.planning import (
+from qcluster.manager.planning.plan import (
     IDLE_MIN_DRAIN_S,
     MAX_UTILIZATION,
     QueueInput,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qcluster.manager.planning import PREWARM_S, QueueInput, QueuePlan, QueueWindow, Why, plan
-from qcluster.manager.rounds import RoundInput, next_ticks, with_ticks
+from qcluster.manager.planning.plan import PREWARM_S, QueueInput, QueuePlan, QueueWindow, Why, plan
+from qcluster.manager.planning.rounds import RoundInput, next_ticks, with_ticks
 from qcluster.periodic import periodic_spec
 from qcluster.policy import QueuePolicy
 

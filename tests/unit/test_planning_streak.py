@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qcluster.manager.planning import (
+from qcluster.manager.planning.plan import (
     STREAK_FIELDS,
     QueueInput,
     QueuePlan,

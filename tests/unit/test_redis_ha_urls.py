@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qcluster.broker import backend_module, check_redis_auth, open_broker
-from qcluster.broker.redis_ha import parse_ha_url
+from qcluster.broker.urls import parse_ha_url
 from qcluster.errors import BrokerUnavailable, ConfigError
 from tests.brokers import free_port
 
@@ -18,7 +18,7 @@ from tests.brokers import free_port
 def test_sentinel_url_names_sentinels_service_db_and_options() -> None:
     parsed = parse_ha_url("redis+sentinel://:s3cret@10.0.0.1:26380,10.0.0.2,[::1]:5000"
                           "/mymaster/2?replicas=2&replica_timeout_ms=500&sentinel_password=x")
-    assert parsed.kind == "sentinel"
+    assert parsed.kind == "redis-sentinel"
     assert parsed.hosts == (("10.0.0.1", 26380), ("10.0.0.2", 26379), ("::1", 5000))
     assert (parsed.service, parsed.db, parsed.password) == ("mymaster", 2, "s3cret")
     assert (parsed.replicas, parsed.replica_timeout_ms, parsed.sentinel_password) == (

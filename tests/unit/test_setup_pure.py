@@ -16,7 +16,7 @@ from qcluster.cluster_identity import mismatch
 from qcluster.config import load_settings
 from qcluster.errors import ConfigError
 from qcluster.local_token import ensure_local_token, read_local_token
-from qcluster.manager.login import CODE_TTL_S, SESSION_TTL_S, Logins, _same_origin, form_field
+from qcluster.manager.api.login import CODE_TTL_S, SESSION_TTL_S, Logins, _same_origin, form_field
 from qcluster.messages import ClusterClaim
 
 ids = st.text(alphabet="0123456789abcdef", min_size=8, max_size=64)

@@ -3,17 +3,18 @@
 -- crashed (unlock, ready now, counted, suspect), refused (dead, not counted).
 -- KEYS: ready, locked, jobs, attempts, dead zset (id -> dead ms), reasons hash, wake list,
 --       errors hash (id -> last error JSON), finished index hash (bucket key -> jobs)
--- ARGV: n_ack, n_postpone, n_dead, n_release, dead_max_count, dead_max_age_ms,
+-- ARGV: n_ack, n_postpone, n_dead, n_release, n_crashed, n_refused, n_ack_held, n_errors,
+--       dead_max_count, dead_max_age_ms, keep_finished_ms, finished_cap, n_runs,
 --       then n_ack ids,
 --       then n_postpone triples (id, lock_until_ms, delay_ms),
 --       then n_dead triples (id, lock_until_ms, reason),
 --       then n_release triples (id, lock_until_ms, activate_ms),
---       then n_crashed and n_crashed pairs (id, lock_until_ms),
---       then n_refused and n_refused triples (id, lock_until_ms, reason),
---       then n_ack_held and n_ack_held pairs (id, lock_until_ms),
---       then n_errors and n_errors pairs (id, last error JSON),
---       then keep_finished_ms, finished_cap, n_runs and n_runs triples
---       (taken_ms, attempts, count): the acks, in order, run-length encoded.
+--       then n_crashed pairs (id, lock_until_ms),
+--       then n_refused triples (id, lock_until_ms, reason),
+--       then n_ack_held pairs (id, lock_until_ms),
+--       then n_errors pairs (id, last error JSON),
+--       then n_runs triples (taken_ms, attempts, count): the acks, in order, run-length
+--       encoded (keep_finished_ms 0: the queue keeps no finished records, and n_runs is 0).
 -- Postpone, dead and release apply only while the caller still holds the lock (its
 -- lock_until matches): a slot whose lock expired must not move a job another slot now
 -- runs. Postpone and dead count the take in the attempts hash (take.lua reads it); a
@@ -29,7 +30,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n_ack, n_post = tonumber(ARGV[1]), tonumber(ARGV[2])
 local n_dead, n_release = tonumber(ARGV[3]), tonumber(ARGV[4])
-local i = 7
+local n_crashed, n_refused = tonumber(ARGV[5]), tonumber(ARGV[6])
+local n_ack_held, n_errors = tonumber(ARGV[7]), tonumber(ARGV[8])
+local max_count, max_age = tonumber(ARGV[9]), tonumber(ARGV[10])
+local keep, cap, n_runs = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local i = 14
 local settled = 0
 local moved = {}  -- postponed and dead-lettered here: their errors are stored
 
@@ -89,12 +94,8 @@ for _ = 1, n_release do
     released = released + 1
   end
 end
--- Appended sections (absent from older callers): crashed pairs (id, lock_until): their
--- slot died while running them; counted, suspect (negative, as a lock expiry does),
--- ready now. Refused triples (id, lock_until, reason): dead-lettered without running;
--- the take that found them is not counted.
-local n_crashed = tonumber(ARGV[i]) or 0
-i = i + 1
+-- Crashed: their slot died while running them; counted, suspect (negative, as a lock
+-- expiry does), ready now.
 for _ = 1, n_crashed do
   local id, lock_until = ARGV[i], ARGV[i + 1]
   i = i + 2
@@ -107,8 +108,7 @@ for _ = 1, n_crashed do
     released = released + 1
   end
 end
-local n_refused = tonumber(ARGV[i]) or 0
-i = i + 1
+-- Refused: dead-lettered without running; the take that found them is not counted.
 for _ = 1, n_refused do
   local id, lock_until, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   i = i + 3
@@ -123,9 +123,7 @@ for _ = 1, n_refused do
     died = died + 1
   end
 end
--- Appended too: ack_held pairs (id, lock_until), acked only while that lock is held.
-local n_ack_held = tonumber(ARGV[i]) or 0
-i = i + 1
+-- Acked only while that lock is held.
 for _ = 1, n_ack_held do
   local id, lock_until = ARGV[i], ARGV[i + 1]
   i = i + 2
@@ -136,28 +134,22 @@ for _ = 1, n_ack_held do
     settled = settled + redis.call('HDEL', KEYS[3], id)
   end
 end
--- Appended too: the last errors of jobs postponed or dead-lettered above.
-local n_errors = tonumber(ARGV[i]) or 0
-i = i + 1
+-- The last errors of jobs postponed or dead-lettered above.
 for _ = 1, n_errors do
   local id, err = ARGV[i], ARGV[i + 1]
   i = i + 2
   if moved[id] then redis.call('HSET', KEYS[8], id, err) end
 end
--- Appended too: finished records of the acks (absent when the queue keeps none): one list
--- entry per run of acks, "finished_ms taken_ms attempts:,id,id,...,", in the list of the
--- current time bucket (it expires whole: no per-job expiry work, one push per batch).
+-- Finished records of the acks (none when the queue keeps none): one list entry per run
+-- of acks, "finished_ms taken_ms attempts:,id,id,...,", in the list of the current time bucket (it expires whole: no per-job expiry work, one push per batch).
 -- The index hash counts each live bucket's jobs (at most finished_cap are kept).
-local keep = tonumber(ARGV[i]) or 0
 if keep > 0 and n_ack > 0 then
-  local cap, n_runs = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  i = i + 3
   local width = math.max(1000, math.ceil(keep / 8))
   local index = math.floor(now / width)
   local bucket = KEYS[9] .. ':' .. width .. ':' .. index
   local count = redis.call('HINCRBY', KEYS[9], bucket, n_ack)
   if count <= cap then
-    local entries, a = {}, 7
+    local entries, a = {}, 14  -- the acks' ids start at ARGV[14]
     for r = 1, n_runs do
       local n = tonumber(ARGV[i + 2])
       entries[r] = now .. ' ' .. ARGV[i] .. ' ' .. ARGV[i + 1] .. ':,'
@@ -189,7 +181,6 @@ local function forget(ids)
   redis.call('HDEL', KEYS[8], unpack(ids))
 end
 if died > 0 then
-  local max_count, max_age = tonumber(ARGV[5]), tonumber(ARGV[6])
   forget(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. (now - max_age), 'LIMIT', 0, 1000))
   local over = redis.call('ZCARD', KEYS[5]) - max_count
   if over > 0 then forget(redis.call('ZRANGE', KEYS[5], 0, math.min(over, 1000) - 1)) end

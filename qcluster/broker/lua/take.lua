@@ -1,6 +1,8 @@
--- Take up to ARGV[1] ready jobs and lock them for ARGV[2] ms, in one atomic step.
+-- Take up to ARGV[1] ready jobs and lock them for ARGV[2] ms, in one atomic step, as the
+-- take named ARGV[3] (its token: unique to one call of the caller).
 -- KEYS: ready zset (id -> activation ms), locked zset (id -> lock expiry ms),
---       jobs hash (id -> body), attempts hash (id -> takes so far)
+--       jobs hash (id -> body), attempts hash (id -> takes so far),
+--       the caller's take record (a string: "TOKEN|" and the take's ids, see below)
 -- Returns {now_ms, next_ms|false} when nothing is ready, else
 -- {now_ms, lock_until_ms, n_suspect, id, body, attempts, activate_ms, ...} where a
 -- negative attempts marks a suspect job: its previous take ended by lock expiry.
@@ -10,7 +12,45 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Capped here, whatever the caller asks: unpack() below fails above a few thousand
 -- values, and a script that fails after ZREMRANGEBYRANK would strand the jobs it removed.
 local max_jobs = math.max(1, math.min(tonumber(ARGV[1]) or 1, 2000))
-local lock_until = now + tonumber(ARGV[2])
+local lock_ms = tonumber(ARGV[2])
+local lock_until = now + lock_ms
+local token = ARGV[3] .. '|'
+
+-- The record of the caller's last take that got jobs: its token, then (msgpack) the take's
+-- time, its lock expiry and its ids. It lives as long as the locks. A call that carries
+-- the recorded token is that take again: its reply was lost (a reset, a timeout) and the
+-- caller retried. It gets the jobs that take still holds, locked anew and never charged
+-- again, instead of new ones: the first jobs would otherwise stay locked to nobody until
+-- expiry, then come back charged and suspect without having run. Only the ids are kept
+-- (the take is the hot path): a replayed job's attempts are read again from the attempts
+-- hash, which a take does not write, and its activation time is given as its take's.
+if redis.call('GETRANGE', KEYS[5], 0, #token - 1) == token then
+  local taken_at, held_until, taken = cmsgpack.unpack(
+    string.sub(redis.call('GET', KEYS[5]), #token + 1))
+  local ids, k, suspects = {}, 3, 0
+  local out = {now, lock_until, 0}
+  for _, id in ipairs(taken) do
+    -- Held only while its lock is that take's: an expired one may be another's now.
+    if tonumber(redis.call('ZSCORE', KEYS[2], id)) == held_until then
+      local body = redis.call('HGET', KEYS[3], id)
+      if body then
+        local past = tonumber(redis.call('HGET', KEYS[4], id)) or 0
+        local attempts = past + 1
+        if past < 0 then attempts, suspects = past - 1, suspects + 1 end
+        redis.call('ZADD', KEYS[2], lock_until, id)
+        out[k + 1], out[k + 2], out[k + 3], out[k + 4] = id, body, attempts, taken_at
+        k = k + 4
+        ids[#ids + 1] = id
+      end
+    end
+  end
+  if k > 3 then
+    out[3] = suspects
+    redis.call('SET', KEYS[5], token .. cmsgpack.pack(taken_at, lock_until, ids), 'PX', lock_ms)
+    return out
+  end
+  -- None held any longer: a take like any other.
+end
 
 -- Expired locks: their slot died or hung; the jobs are ready again from now, and the
 -- take that died counts as an attempt (a job acked meanwhile is skipped below). The
@@ -89,4 +129,8 @@ for i = 1, n do
 end
 if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
 out[3] = suspects
+-- The record (see above): the ids of jobs acked meanwhile too, which a replay skips.
+if k > 3 then
+  redis.call('SET', KEYS[5], token .. cmsgpack.pack(now, lock_until, ids), 'PX', lock_ms)
+end
 return out

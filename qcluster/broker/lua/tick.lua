@@ -3,7 +3,7 @@
 -- reply, a reset, a retry, a failover), it stores nothing more: the record, in the
 -- queue's own hash slot beside its jobs, says the tick is enqueued, whether its job is
 -- still waiting, running or long finished.
--- Called inside a function publish(KEYS, ARGV) holding publish.lua.
+-- Called with publish.lua as the function publish(KEYS, ARGV) (see redis_scripts.compose).
 -- KEYS: ready, jobs, queue registry, wake list (publish.lua's), the queue's tick records
 --       (qc:{NAME}:ticks, job -> tick ms), then on one Redis (not a Cluster) the periodic
 --       jobs' records (qc:{periodic}:last), which refuse a tick too and are raised to

@@ -1,0 +1,51 @@
+"""``POST /api/v1/reports``: a master's report, answered with its row of the slot map.
+``GET /api/v1/identity``: the cluster identity of the manager's broker
+(qcluster.cluster_identity)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
+
+from qcluster.cluster_identity import mismatch
+from qcluster.manager.api.deps import ServiceDep, reporter_authorised
+from qcluster.messages import Assignment, HostReport
+
+router = APIRouter(tags=["masters"])
+logger = logging.getLogger(__name__)
+
+
+@router.post("/api/v1/reports", dependencies=[Depends(reporter_authorised)])
+async def report(body: HostReport, service: ServiceDep, request: Request) -> Assignment:
+    """A master's report; the reply is its row of the slot map (409: another broker).
+
+    Answered on the event loop when the state lock is free (it is held to copy and to
+    publish, never to compute: ``ManagerService.try_receive``); otherwise in a thread of
+    the pool, which waits for it. A sync route waited for a pool thread three times per
+    report (the dependency, the route, the reply's validation): under 40 masters' reports
+    and a planning round holding the interpreter, each wait was milliseconds."""
+    refusal = mismatch(getattr(request.app.state, "cluster", None), body.cluster,
+                       who=f"master {body.host}")
+    if refusal is not None:
+        refused: set[str] | None = getattr(request.app.state, "refused_hosts", None)
+        if refused is None:
+            refused = request.app.state.refused_hosts = set()
+        if body.host not in refused:  # every report is refused; the log says it once
+            refused.add(body.host)
+            logger.error("refused the report of %s", refusal)
+        raise HTTPException(409, refusal)
+    if service.learned is not None:
+        service.learned.learn(body.host, body.periodic)
+    reply = service.try_receive(body)
+    return reply if reply is not None else await run_in_threadpool(service.receive, body)
+
+
+@router.get("/api/v1/identity")
+def identity(request: Request) -> dict[str, Any]:
+    """The broker this manager works on: its cluster identity and masked URL (null: not
+    known, a broker without a controls store)."""
+    claim = getattr(request.app.state, "cluster", None)
+    return {"cluster": None if claim is None else claim.model_dump()}

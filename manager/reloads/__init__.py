@@ -1,0 +1,1 @@
+"""Rolling code reload: the pure sequencing (``rollout``) and the service's driver (``driver``)."""
