@@ -2,6 +2,9 @@
 
 A blackholed link is what a dead network path looks like to both ends (a cable pulled,
 a firewall dropping packets, a NAT entry expired): nothing arrives and nothing fails.
+A link that lost bytes stays silent after ``restore()``: TCP never resumes a stream with
+a hole in it (a request lost there would be waited for forever while heartbeats flow), so
+only links opened after the restore carry data again.
 It can also reset every link (each end gets a TCP RST, as from a middlebox that dropped
 its state) and delay everything it forwards (a slow path: latency, in order), or drop the
 next reply and reset (the request reached the server, its reply never reaches the client).
@@ -26,7 +29,8 @@ import redis
 
 class TcpProxy:
     """Forwards ``127.0.0.1:port`` to ``target``; ``blackhole()`` silences every link,
-    including ones opened afterwards, until ``restore()``; ``reset()`` aborts every open
+    including ones opened afterwards, until ``restore()`` (a link that lost bytes stays
+    silent); ``reset()`` aborts every open
     link with an RST; ``set_latency(s)`` delays each chunk forwarded from then on by ``s``
     seconds (0 to stop; ``restore()`` also ends it); ``cut_next_reply()`` drops the next
     chunk a server sends and resets every link (or with ``reset=False`` blackholes them,
@@ -43,6 +47,8 @@ class TcpProxy:
         self.replies_cut = 0
         #: The links' server ends: what they send is a reply.
         self._upstreams: set[socket.socket] = set()
+        #: Sockets whose link lost bytes: silent for good (see the module's docstring).
+        self._holed: set[socket.socket] = set()
         self._stopped = threading.Event()
         self._latency_s = 0.0
         #: Chunks held back by the latency: (due monotonic time, destination, data).
@@ -119,7 +125,7 @@ class TcpProxy:
                     self._upstreams.add(upstream)
                     selector.register(client, selectors.EVENT_READ, None)
                     selector.register(upstream, selectors.EVENT_READ, None)
-                elif self._blackholed.is_set():
+                elif self._blackholed.is_set() or sock in self._holed:
                     self._drop(selector, peers, sock)
                 else:
                     self._forward(selector, peers, sock)
@@ -145,20 +151,21 @@ class TcpProxy:
             sock.close()
         peers.clear()
         self._upstreams.clear()
+        self._holed.clear()
         self._pending.clear()
         with self._lock:
             self._links.clear()
         self.resets += 1
 
-    @staticmethod
     def _drop(
-        selector: selectors.BaseSelector, peers: dict[socket.socket, socket.socket],
+        self, selector: selectors.BaseSelector, peers: dict[socket.socket, socket.socket],
         sock: socket.socket,
     ) -> None:
         """Read and drop: the sender's writes succeed, nothing arrives. A side that
         closes is forgotten, and its peer is left open and silent (as a dead link is)."""
         try:
             if sock.recv(65536):
+                self._hole(peers, sock)
                 return
         except OSError:
             pass
@@ -170,6 +177,12 @@ class TcpProxy:
             with suppress(KeyError, ValueError):
                 selector.unregister(other)
         sock.close()
+
+    def _hole(self, peers: dict[socket.socket, socket.socket], sock: socket.socket) -> None:
+        """The link of ``sock`` lost bytes: both its ends stay silent from now on."""
+        self._holed.add(sock)
+        if sock in peers:
+            self._holed.add(peers[sock])
 
     def _forward(
         self, selector: selectors.BaseSelector, peers: dict[socket.socket, socket.socket],
@@ -185,6 +198,7 @@ class TcpProxy:
                     self._abort_all(selector, peers)  # the reply is dropped with the links
                 else:
                     self._blackholed.set()
+                    self._hole(peers, sock)
                 return
             if data:
                 if self._latency_s > 0 or self._pending:  # in order behind held chunks
