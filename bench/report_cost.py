@@ -16,8 +16,9 @@ report is timed in the event loop thread's CPU time (``time.thread_time``), spli
 - work: ``ManagerService.try_receive`` (the report stored, the reply built);
 - after: from the service's return to the reply's last byte (validated, serialised, sent).
 
-Self-contained (only ``qcluster`` imports), so the same file measures another checkout:
-``/other/checkout/.venv/bin/python bench/report_cost.py`` (from outside that checkout).
+Self-contained (only ``qcluster`` imports), so the same file measures another checkout's
+code when run with that checkout's interpreter (an A/B against the code before):
+``/other/checkout/.venv/bin/python bench/report_cost.py``.
 """
 
 from __future__ import annotations
