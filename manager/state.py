@@ -173,14 +173,18 @@ class ClusterState:
     def receive(self, report: HostReport, now: float) -> Assignment:
         """Store a master's report; reply with its row of the slot map."""
         self.hosts[report.host] = HostEntry(report, now)
+        tracks = self.tracks
         for queue, counted in report.counters.items():
-            track = self.tracks.setdefault(queue, QueueTrack())
+            track = tracks.get(queue)
+            if track is None:
+                track = tracks[queue] = QueueTrack()
             c = counted.counters
             track.settled += c.processed
             track.samples.append(Sample(now, c.processed, c.busy_s, counted.alive_s,
                                         report.interval_s, report.host))
         for queue in report.queues:
-            self.tracks.setdefault(queue, QueueTrack())
+            if queue not in tracks:  # a QueueTrack is made only for a new queue: every
+                tracks[queue] = QueueTrack()  # report names all of its app's queues
         if report.host in self.drained:
             row: dict[str, int] | None = {}  # drained: its slots move to the others
         else:
