@@ -280,14 +280,13 @@ class Simulation:
         """Start or stop slots until the host runs its row (as far as capacity allows)."""
         if not host.alive:
             return
-        for name in sorted(host.row.keys() | host.slots.keys()):
-            want = host.row.get(name, 0)
-            slots = host.slots.get(name)
-            if slots is None:
-                slots = host.slots[name] = HostSlots()
+        row, held = host.row, host.slots
+        for name in row.keys() - held.keys():
+            held[name] = HostSlots()
+        # Most queues, most rounds: nothing to start or stop; the others in name order.
+        for name in sorted([n for n, s in held.items() if s.active + s.starting != row.get(n, 0)]):
+            want, slots = row.get(name, 0), held[name]
             have = slots.active + slots.starting
-            if have == want:  # most queues, most rounds: nothing to start or stop
-                continue
             q = self.queues[name]
             while have > want:
                 if slots.starting:
