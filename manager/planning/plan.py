@@ -254,13 +254,12 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
     A queue with a backlog and nothing measured yet starts from the policy's
     ``est_job_seconds``, like any other."""
     policy, window, previous = queue.policy, queue.window, queue.previous
-    anchor = _clamp(previous.planned if previous is not None else queue.current, policy)
+    anchor = max(policy.min_slots, min(policy.max_slots, previous.planned if previous is not None
+                                       else queue.current))  # _clamp, inlined
     job_s = mean_job_seconds(window, policy)
     load = _load(window, job_s)
     work, spread, counted, source = work_rate(queue, job_s)
-    horizon = DRAIN_S
-    if policy.target_wait:
-        horizon = min(horizon, policy.target_wait)
+    horizon = min(DRAIN_S, policy.target_wait) if policy.target_wait else DRAIN_S
     # The backlog the planned slots start within QUEUEING_SHARE of the horizon (at most a
     # round, at most QUEUEING_JOBS jobs a slot) is their queueing, not a need: a queue
     # whose slots run busy holds a few jobs, and counting them would want a slot more at

@@ -120,6 +120,8 @@ class Arrivals:
             return counts[index] if index < len(counts) else 0
         start = index * self.interval
         end = start + self.interval
+        if self.every_s is None:  # most queues: no periodic job
+            return self.from_rate(start, end)
         return self.ticks(start, end) + self.from_rate(start, end)
 
     def from_rate(self, start: float, end: float) -> int:
