@@ -407,10 +407,10 @@ def share_capacity(
         floor = max(floor, 0)
         granted[queue] = min(floor, left)
         left -= granted[queue]
-    # (spare last, priority, name): every real need before any hold's spare.
-    parts = sorted([(0, -policies[q].priority, q, needs[q] - spare.get(q, 0)) for q in order]
-                   + [(1, -policies[q].priority, q, needs[q]) for q in order if spare.get(q)])
-    for _, _, queue, upto in parts:
+    # Every real need in priority order, then every hold's spare (``order`` is that order).
+    parts = ([(q, needs[q] - spare.get(q, 0)) for q in order]
+             + [(q, needs[q]) for q in order if spare.get(q)])
+    for queue, upto in parts:
         more = min(upto - granted[queue], left)
         if more > 0:
             granted[queue] += more
