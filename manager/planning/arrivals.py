@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from qcluster.manager.planning.types import quick_init
+
 
 def unreported(latest: Iterable[tuple[float, float]], now: float) -> float:
     """Jobs settled since the hosts' latest reports, estimated: for each host's latest
@@ -38,6 +40,7 @@ def unreported(latest: Iterable[tuple[float, float]], now: float) -> float:
     return sum(rate * max(0.0, now - at) for at, rate in latest)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ArrivalCount:
     """One round's count."""

@@ -71,11 +71,11 @@ def place(
     def can_serve(host: str, queue: str) -> bool:
         return serves is None or queue in serves.get(host, ())
 
-    slot_map: SlotMap = {
-        host: {q: n for q, n in current.get(host, {}).items()
-               if q in planned and n > 0 and can_serve(host, q)}
-        for host in capacity
-    }
+    slot_map: SlotMap = {}
+    for host in capacity:  # can_serve() inlined: every slot of every host, every round
+        ok = serves.get(host, ()) if serves is not None else None
+        slot_map[host] = {q: n for q, n in current.get(host, {}).items()
+                          if q in planned and n > 0 and (ok is None or q in ok)}
     used = {host: sum(row.values()) for host, row in slot_map.items()}
     totals: dict[str, int] = {}
     for row in slot_map.values():

@@ -144,6 +144,9 @@ LOWER_SHARE = 1.0
 #: A periodic queue's slot is started this long before its next tick (a fork and an
 #: import), plus a round (the next round may come too late).
 PREWARM_S = 5.0
+#: A reason's basis (load, work, source, job time, horizon, want, target): in its Why, not nested.
+BASIS = ("load {:.0%}, work {:.2f} slot-s/s ({}, {:.3g} ms/job) + backlog drain in {:g}s"
+         " = {:.2f} slots at {:.0%}")
 
 
 @functools.cache  # twice per queue per round, on a handful of priorities
@@ -167,7 +170,12 @@ def mean_job_seconds(window: QueueWindow, policy: QueuePolicy) -> float:
 
 def queue_load(window: QueueWindow, policy: QueuePolicy) -> float:
     """(busy time + estimated backlog time) / slot time; inf when work waits and no slot ran."""
-    work = window.busy_s + window.backlog * mean_job_seconds(window, policy)
+    return _load(window, mean_job_seconds(window, policy))
+
+
+def _load(window: QueueWindow, job_s: float) -> float:
+    """:func:`queue_load` at a mean job time already worked out."""
+    work = window.busy_s + window.backlog * job_s
     if window.alive_s <= 0:
         return math.inf if work > 0 else 0.0
     return work / window.alive_s
@@ -179,14 +187,14 @@ def work_rate(queue: QueueInput, job_s: float) -> tuple[float, float, int, Why]:
     window, previous = queue.window, queue.previous
     if previous is not None and window.recent_s > 0:
         arrived = window.recent_arrived
-        seen = Why("{} arrived in {:g}s", arrived, window.recent_s)
+        seen = (arrived, window.recent_s)  # "{} arrived in {:g}s"
         now = arrived * job_s / window.recent_s
         expected = previous.work * window.recent_s / job_s
         noise = JUMP_SIGMAS * math.sqrt(expected + 1) + JUMP_MIN_JOBS + window.recent_margin
         if abs(arrived - expected) > noise:
             # Beyond counting noise and the jobs the reports owed: the rate changed, take
             # it at once (the spread is of a steady rate's readings: kept as it was).
-            return now, previous.spread, arrived, Why("{}, a change", seen)
+            return now, previous.spread, arrived, Why("{} arrived in {:g}s, a change", *seen)
         smoothed = previous.work + SMOOTHING * (now - previous.work)
         # A reading further off than SPREAD_SIGMAS Poisson deviations is a change of rate
         # smoothed in (a fall, a lagged report), not the noise of a steady one.
@@ -194,7 +202,7 @@ def work_rate(queue: QueueInput, job_s: float) -> tuple[float, float, int, Why]:
                      SPREAD_SIGMAS ** 2 * (expected + 1) * (job_s / window.recent_s) ** 2)
         spread = (square if previous.spread < 0
                   else previous.spread + SPREAD_SMOOTHING * (square - previous.spread))
-        return smoothed, spread, arrived, Why("{}, smoothed", seen)
+        return smoothed, spread, arrived, Why("{} arrived in {:g}s, smoothed", *seen)
     if window.span_s > 0:
         busy = Why("busy {:.1f}s in {:g}s", window.busy_s, window.span_s)
         return window.busy_s / window.span_s, -1.0, window.processed, busy
@@ -246,13 +254,12 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
     A queue with a backlog and nothing measured yet starts from the policy's
     ``est_job_seconds``, like any other."""
     policy, window, previous = queue.policy, queue.window, queue.previous
-    load = queue_load(window, policy)
-    anchor = _clamp(previous.planned if previous is not None else queue.current, policy)
+    anchor = max(policy.min_slots, min(policy.max_slots, previous.planned if previous is not None
+                                       else queue.current))  # _clamp, inlined
     job_s = mean_job_seconds(window, policy)
+    load = _load(window, job_s)
     work, spread, counted, source = work_rate(queue, job_s)
-    horizon = DRAIN_S
-    if policy.target_wait:
-        horizon = min(horizon, policy.target_wait)
+    horizon = min(DRAIN_S, policy.target_wait) if policy.target_wait else DRAIN_S
     # The backlog the planned slots start within QUEUEING_SHARE of the horizon (at most a
     # round, at most QUEUEING_JOBS jobs a slot) is their queueing, not a need: a queue
     # whose slots run busy holds a few jobs, and counting them would want a slot more at
@@ -269,9 +276,7 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
         # would bring a slot back 'by far' right after releasing the last one (a flap).
         want = 0.0
     band = band_for(policy.priority)
-    basis = Why("load {:.0%}, work {:.2f} slot-s/s ({}, {:.3g} ms/job) + backlog drain in {:g}s"
-                " = {:.2f} slots at {:.0%}", load, work, source, job_s * 1000, horizon, want,
-                target_utilization)
+    basis_args = (load, work, source, job_s * 1000, horizon, want, target_utilization)
     ratio = want / anchor if anchor else (math.inf if want > 0 else 1.0)
     # The upper edge never lets the plan run its slots past MAX_UTILIZATION: above that,
     # work waits however wide the priority's band.
@@ -280,7 +285,7 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
         # (Far above, or no slot: up at once whatever the noise, not computed.)
         clear = anchor == 0 or ratio > 1 + FAR_BANDS * band or want - UP_SIGMAS * want_noise(
             work, spread, job_s, window, target_utilization) > anchor * upper
-        above = Why("{} > {} +{:.0%}", basis, anchor, upper - 1)
+        above = Why(BASIS + " > {} +{:.0%}", *basis_args, anchor, upper - 1)
         return _up(queue, want, ratio, band, Need(anchor, load, above, work=work, spread=spread),
                    UP_ROUNDS if clear else NOISY_UP_ROUNDS), counted
     lower = band * LOWER_SHARE
@@ -288,12 +293,12 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
         edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
-        below = Why("{} < {} -{:.0%}", basis, anchor, lower)
+        below = Why(BASIS + " < {} -{:.0%}", *basis_args, anchor, lower)
         return _down(queue, want, counted, edge_jobs, upper,
                      Need(anchor, load, below, work=work, spread=spread),
                      job_s, target_utilization), counted
-    return Need(anchor, load, Why("{} within {} -{:.0%}/+{:.0%}", basis, anchor, lower,
-                                  upper - 1), work=work, spread=spread), counted
+    return Need(anchor, load, Why(BASIS + " within {} -{:.0%}/+{:.0%}", *basis_args, anchor,
+                                  lower, upper - 1), work=work, spread=spread), counted
 
 
 def _up(queue: QueueInput, want: float, ratio: float, band: float, keep: Need,
@@ -402,10 +407,10 @@ def share_capacity(
         floor = max(floor, 0)
         granted[queue] = min(floor, left)
         left -= granted[queue]
-    # (spare last, priority, name): every real need before any hold's spare.
-    parts = sorted([(0, -policies[q].priority, q, needs[q] - spare.get(q, 0)) for q in order]
-                   + [(1, -policies[q].priority, q, needs[q]) for q in order if spare.get(q)])
-    for _, _, queue, upto in parts:
+    # Every real need in priority order, then every hold's spare (``order`` is that order).
+    parts = ([(q, needs[q] - spare.get(q, 0)) for q in order]
+             + [(q, needs[q]) for q in order if spare.get(q)])
+    for queue, upto in parts:
         more = min(upto - granted[queue], left)
         if more > 0:
             granted[queue] += more
@@ -426,10 +431,10 @@ def use_idle(queues: Sequence[QueueInput], needs: Mapping[str, Need],
     plan does not move), and once it is not the release stands."""
     free = capacity - sum(granted.values())
     extra: dict[str, int] = {}
-    for queue in sorted(queues, key=lambda q: (-q.policy.priority, q.name)):
+    # Only the queues with a backlog are sorted (most have none, most rounds).
+    waiting = [q for q in queues if q.window.backlog > 0 and q.servable and not q.paused]
+    for queue in sorted(waiting, key=lambda q: (-q.policy.priority, q.name)):
         backlog, policy = queue.window.backlog, queue.policy
-        if queue.paused or not queue.servable or backlog <= 0:
-            continue
         arriving = needs[queue.name].work / target_utilization
         backlog_s = backlog * mean_job_seconds(queue.window, policy)
         if not (math.isfinite(arriving) and math.isfinite(backlog_s)):

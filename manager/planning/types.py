@@ -6,11 +6,47 @@ for every queue every round (``manager/planning/plan.py`` decides)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, TypeVar
 
 from qcluster.policy import QueuePolicy
 
+_Frozen = TypeVar("_Frozen", bound=type)
 
+
+def quick_init(cls: _Frozen) -> _Frozen:
+    """Give a frozen, slotted dataclass an ``__init__`` that sets each slot through its
+    descriptor, bound once, instead of ``object.__setattr__(self, name, value)``: the same
+    signature, defaults and object, built in about half the time (the planner builds
+    several of these per queue per round). Apply it above ``@dataclass``."""
+    params: list[str] = []
+    kw_only: list[str] = []
+    body: list[str] = []
+    names: dict[str, Any] = {"__object_new": object.__new__}
+    for f in fields(cls):
+        if f.default_factory is not MISSING or not f.init:  # not needed here: not handled
+            raise TypeError(f"{cls.__name__}.{f.name}: quick_init handles plain fields only")
+        names[f"__set_{f.name}"] = getattr(cls, f.name).__set__
+        param = f.name
+        if f.default is not MISSING:
+            names[f"__default_{f.name}"] = f.default
+            param += f"=__default_{f.name}"
+        (kw_only if f.kw_only else params).append(param)
+        body.append(f"    __set_{f.name}(self, {f.name})")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}: quick_init does not call __post_init__")
+    signature = ", ".join(["self", *params, *(["*", *kw_only] if kw_only else [])])
+    source = f"def __init__({signature}) -> None:\n" + "\n".join(body or ["    pass"])
+    exec(source, names)  # as dataclasses builds its own __init__
+    init = names["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__annotations__ = {f.name: f.type for f in fields(cls)} | {"return": None}
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
+
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class QueueWindow:
     """A queue's statistics over the planning window, summed over live hosts."""
@@ -78,6 +114,7 @@ class Streak:
 STREAK_FIELDS = tuple(f.name for f in fields(Streak))
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class QueuePlan(Streak):
     name: str
@@ -101,6 +138,7 @@ class QueuePlan(Streak):
         return str(self.why)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class QueueInput:
     name: str
@@ -117,6 +155,7 @@ class QueueInput:
     """Seconds until the next tick of a periodic job enqueued on this queue (None: none)."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Need(Streak):
     """One queue's need, with the numbers the decision used."""

@@ -33,6 +33,9 @@ class RateCurve:
         self.linear = spec.shape == "linear"
         self.period = spec.period_s
         self.prefix = self._prefix()
+        #: Jobs expected over a whole period: its end's rate is read at the next cycle's
+        #: start (``at``), which the fast path of ``_within`` does not do.
+        self.per_period = self._within(self.period, self.at(self.period)) if self.period else 0.0
 
     def at(self, t: float) -> float:
         if self.period:
@@ -53,17 +56,23 @@ class RateCurve:
         """Jobs expected from 0 to ``t``."""
         if self.period:
             cycles, t = divmod(t, self.period)
-            return cycles * self._within(self.period) + self._within(t)
+            return cycles * self.per_period + self._within(t)
         return self._within(t)
 
-    def _within(self, t: float) -> float:
+    def _within(self, t: float, end_rate: float | None = None) -> float:
+        """Jobs expected from the period's start to ``t`` (within the period); the rate at
+        ``t`` is ``at(t)``, worked out here from the same point (every queue, every round)
+        unless given."""
         i = bisect_right(self.times, t) - 1
         if i < 0:
             return 0.0
-        t0 = self.times[i]
-        if self.linear and i + 1 < len(self.times):
-            return self.prefix[i] + (self.rates[i] + self.at(t)) / 2 * (t - t0)
-        return self.prefix[i] + self.rates[i] * (t - t0)
+        times, rates = self.times, self.rates
+        t0 = times[i]
+        if self.linear and i + 1 < len(times):
+            if end_rate is None:  # at(t): t is within the period, the same point i
+                end_rate = rates[i] + (rates[i + 1] - rates[i]) * (t - t0) / (times[i + 1] - t0)
+            return self.prefix[i] + (rates[i] + end_rate) / 2 * (t - t0)
+        return self.prefix[i] + rates[i] * (t - t0)
 
     def _prefix(self) -> list[float]:
         """Jobs expected from 0 to each point."""
@@ -111,6 +120,8 @@ class Arrivals:
             return counts[index] if index < len(counts) else 0
         start = index * self.interval
         end = start + self.interval
+        if self.every_s is None:  # most queues: no periodic job
+            return self.from_rate(start, end)
         return self.ticks(start, end) + self.from_rate(start, end)
 
     def from_rate(self, start: float, end: float) -> int:

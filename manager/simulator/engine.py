@@ -186,17 +186,17 @@ class Simulation:
                                                         + EPS)
                 arrived = q.ledger.count(in_broker, reported, (reported - earlier) / span_r
                                          * since)
+            # (Positional: span_s, recent_s, recent_arrived, recent_margin; paused, servable,
+            # previous, next_tick_s.)
             if arrived is None:
                 window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
-                                     span_s=span, recent_s=0)
+                                     span, 0)
             else:
                 window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
-                                     span_s=span, recent_s=interval,
-                                     recent_arrived=arrived.jobs, recent_margin=arrived.margin)
-            out.append(QueueInput(name, q.policy, current, window,
-                                  servable=everything or name in served,
-                                  previous=previous.get(name),
-                                  next_tick_s=None if q.arrivals.every_s is None
+                                     span, interval, arrived.jobs, arrived.margin)
+            out.append(QueueInput(name, q.policy, current, window, False,
+                                  everything or name in served, previous.get(name),
+                                  None if q.arrivals.every_s is None
                                   else q.arrivals.next_tick_s(now)))
         return out
 
@@ -280,14 +280,13 @@ class Simulation:
         """Start or stop slots until the host runs its row (as far as capacity allows)."""
         if not host.alive:
             return
-        for name in sorted(host.row.keys() | host.slots.keys()):
-            want = host.row.get(name, 0)
-            slots = host.slots.get(name)
-            if slots is None:
-                slots = host.slots[name] = HostSlots()
+        row, held = host.row, host.slots
+        for name in row.keys() - held.keys():
+            held[name] = HostSlots()
+        # Most queues, most rounds: nothing to start or stop; the others in name order.
+        for name in sorted([n for n, s in held.items() if s.active + s.starting != row.get(n, 0)]):
+            want, slots = row.get(name, 0), held[name]
             have = slots.active + slots.starting
-            if have == want:  # most queues, most rounds: nothing to start or stop
-                continue
             q = self.queues[name]
             while have > want:
                 if slots.starting:
