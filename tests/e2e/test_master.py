@@ -3,6 +3,7 @@ no orphans, copy-on-write, metrics."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import uuid
@@ -142,6 +143,9 @@ def test_slots_share_the_imported_memory(
     procs: Procs, redis_url: str, prefix: str
 ) -> None:
     procs.env["QC_TEST_BALLAST_MB"] = "200"
+    # The memory formula alone: a 1-minute load above 4 per CPU (a busy test machine) caps
+    # capacity at 4 x CPUs whatever the memory, the rule tests/unit/test_capacity.py checks.
+    procs.env["QCLUSTER_MASTER"] = json.dumps({"max_load_per_cpu": 1e6})
     port = start_master(procs, redis_url, f"{prefix}-work=4")
     wait_until(lambda: all(s["pss_bytes"] for s in get_json(port, "/api/v1/slots")),
                timeout_s=60, message="slot PSS measured")

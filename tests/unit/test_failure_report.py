@@ -62,10 +62,11 @@ def _failure() -> Failure:
 
 
 def test_a_hung_hook_is_waited_for_once_then_skipped_until_it_returns() -> None:
-    release, calls = threading.Event(), []
+    release, calls, threads = threading.Event(), [], []
 
     def hangs(failure: Failure) -> None:
         calls.append(failure)
+        threads.append(threading.current_thread())
         release.wait(30)
 
     runner = HookRunner((HookSpec(hangs, timeout_s=0.1),))
@@ -74,7 +75,9 @@ def test_a_hung_hook_is_waited_for_once_then_skipped_until_it_returns() -> None:
     runner.call([_failure()], budget_s=10.0)  # still hung: skipped at once
     assert time.monotonic() - started < 5 and len(calls) == 1 and runner.skipped == 1
     release.set()
-    time.sleep(0.2)
+    # "Returned" means its thread ended, which a busy CPU may delay past any fixed sleep.
+    threads[0].join(60)
+    assert not threads[0].is_alive()
     runner.call([_failure()], budget_s=10.0)
     assert len(calls) == 2
 

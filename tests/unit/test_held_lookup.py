@@ -5,6 +5,7 @@ masters' answers (manager/held_lookup.py)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from hypothesis import given
@@ -106,19 +107,25 @@ def test_an_answer_given_before_a_lookup_began_is_not_taken_and_asks_expire() ->
 def test_two_lookups_of_one_job_at_once_both_get_the_holder() -> None:
     """A second lookup (a page refresh, the CLI beside the page) must not leave the first
     one waiting out its deadline and answering that no slot holds the job."""
-    lookup = HeldLookup()
+    began: set[threading.Thread] = set()
+
+    def clock() -> float:  # a lookup reads it first when it begins, under the lookup's lock
+        began.add(threading.current_thread())
+        return time.monotonic()
+
+    lookup = HeldLookup(clock=clock)
     results: list[str | None] = []
 
     def look() -> None:
         results.append(lookup.find("j1", {"a"}, timeout_s=60).host)
 
-    first = threading.Thread(target=look)
-    first.start()
-    while not lookup.wanted():
-        threading.Event().wait(0.001)
-    second = threading.Thread(target=look)
-    second.start()
-    threading.Event().wait(0.05)
+    first, second = threading.Thread(target=look), threading.Thread(target=look)
+    for thread in (first, second):
+        thread.start()
+        # Only answers given after a lookup began count: answering before the second one
+        # began (a busy CPU may start a thread late) would leave it waiting out its 60 s.
+        while thread not in began:
+            threading.Event().wait(0.001)
     lookup.answered("a", ["j1"], [held("j1")])
     first.join(60)
     second.join(60)
