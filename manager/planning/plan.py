@@ -254,8 +254,7 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
     A queue with a backlog and nothing measured yet starts from the policy's
     ``est_job_seconds``, like any other."""
     policy, window, previous = queue.policy, queue.window, queue.previous
-    anchor = max(policy.min_slots, min(policy.max_slots, previous.planned if previous is not None
-                                       else queue.current))  # _clamp, inlined
+    anchor = _clamp(previous.planned if previous is not None else queue.current, policy)
     job_s = mean_job_seconds(window, policy)
     load = _load(window, job_s)
     work, spread, counted, source = work_rate(queue, job_s)

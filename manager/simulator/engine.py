@@ -186,17 +186,17 @@ class Simulation:
                                                         + EPS)
                 arrived = q.ledger.count(in_broker, reported, (reported - earlier) / span_r
                                          * since)
-            # (Positional: span_s, recent_s, recent_arrived, recent_margin; paused, servable,
-            # previous, next_tick_s.)
             if arrived is None:
                 window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
-                                     span, 0)
+                                     span_s=span, recent_s=0)
             else:
                 window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
-                                     span, interval, arrived.jobs, arrived.margin)
-            out.append(QueueInput(name, q.policy, current, window, False,
-                                  everything or name in served, previous.get(name),
-                                  None if q.arrivals.every_s is None
+                                     span_s=span, recent_s=interval,
+                                     recent_arrived=arrived.jobs, recent_margin=arrived.margin)
+            out.append(QueueInput(name, q.policy, current, window,
+                                  servable=everything or name in served,
+                                  previous=previous.get(name),
+                                  next_tick_s=None if q.arrivals.every_s is None
                                   else q.arrivals.next_tick_s(now)))
         return out
 
