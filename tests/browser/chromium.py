@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, Page, expect
 
 from tests.conftest import ROOT
 
@@ -21,6 +21,11 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
 ]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
+
+PAGE_WAIT_MS = 15_000
+"""How long an ``expect()`` waits unless its test gives its own timeout:
+a page that refreshes every 2 s, served by a manager on a loaded 2-core CI machine, can
+take a few refreshes to show a change (Playwright's own default is 5 s)."""
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +38,7 @@ def browser() -> Iterator[Browser]:
 
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        expect.set_options(timeout=PAGE_WAIT_MS)
         yield launched
         launched.close()
 
