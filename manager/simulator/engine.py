@@ -161,31 +161,12 @@ class Simulation:
         report = self.latest_report(now)
         interval, window_rounds = self.trace.interval_s, self.window_rounds
         out = []
-        if report is not None:  # where the latest report falls, the same for every queue
-            sent, before, (lo, hi, share), (lo0, hi0, share0) = report
-            span_r, since = max(sent - before, EPS), now - sent
         for name, q in self.queues.items():
             # What the masters report running: forked slots, started or starting (a dead
             # host's are gone at once here; the manager would count them until expiry).
             current = q.active + q.starting
             span = min(len(q.window), window_rounds) * interval
-            in_broker = q.backlog + q.started - q.finished + q.locked_lost
-            if report is None:
-                arrived = q.ledger.count(in_broker, 0, 0.0)
-            else:  # reported_arrivals(), finished_by() twice, inlined (every queue, round)
-                settled = q.settled
-                if share is None:
-                    reported = settled[lo] if lo >= 0 else 0
-                else:
-                    reported = settled[lo] + math.floor(share * (settled[hi] - settled[lo])
-                                                        + EPS)
-                if share0 is None:
-                    earlier = settled[lo0] if lo0 >= 0 else 0
-                else:
-                    earlier = settled[lo0] + math.floor(share0 * (settled[hi0] - settled[lo0])
-                                                        + EPS)
-                arrived = q.ledger.count(in_broker, reported, (reported - earlier) / span_r
-                                         * since)
+            arrived = self.reported_arrivals(q, now, report)
             if arrived is None:
                 window = QueueWindow(q.win_processed, q.win_busy, q.win_alive, q.backlog,
                                      span_s=span, recent_s=0)
