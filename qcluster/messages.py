@@ -90,6 +90,12 @@ class BatchCounters(_Msg):
     batches: Count = 0
     busy_s: Seconds = 0.0
     """Seconds spent in the handler."""
+    batch_s: Seconds = 0.0
+    """Seconds spent in batches, each from its start (its jobs taken, the master told) to
+    its handler's return: decoding and the handler. ``batch_s - busy_s`` is what batches
+    cost the slot beyond their handler. Not in it: the broker's round trip (a take that
+    waited for jobs cannot be told from one that did not) and the settle's bookkeeping.
+    0 from a slot older than the field."""
 
     def __add__(self, other: BatchCounters) -> BatchCounters:
         return BatchCounters(
@@ -99,6 +105,7 @@ class BatchCounters(_Msg):
             malformed=self.malformed + other.malformed,
             batches=self.batches + other.batches,
             busy_s=self.busy_s + other.busy_s,
+            batch_s=self.batch_s + other.batch_s,
         )
 
     @property

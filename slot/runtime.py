@@ -236,11 +236,11 @@ class SlotRunner:
                 settlement.release.extend(deliveries[start:])
                 break
             chunk = deliveries[start : start + size]
+            began = time.monotonic()
             self._send(BatchStarted(
-                queue=self.queue, size=len(chunk),
-                deadline_mono=time.monotonic() + policy.batch_timeout,
+                queue=self.queue, size=len(chunk), deadline_mono=began + policy.batch_timeout,
             ))
-            part, counters = self._run_batch(chunk, start)
+            part, counters = self._run_batch(chunk, start, began)
             settlement.ack += part.ack
             settlement.postpone += part.postpone
             settlement.dead += part.dead
@@ -334,10 +334,10 @@ class SlotRunner:
     # --- one batch -----------------------------------------------------------
 
     def _run_batch(
-        self, deliveries: Sequence[Delivery], first: int,
+        self, deliveries: Sequence[Delivery], first: int, began: float,
     ) -> tuple[Settlement, BatchCounters]:
         """Decode, run and settle one batch; ``first``: the index of its first delivery
-        in the take."""
+        in the take; ``began``: its start (time.monotonic())."""
         jobs, rejected = decode_batch(deliveries, self.spec.policy)
         take = self._take
         if take is not None and jobs:
@@ -351,8 +351,12 @@ class SlotRunner:
         # Prefetch only for handlers that finish fast: slow jobs are better spread
         # over every slot of the queue than queued behind each other in one.
         self._fast_batches = busy_s < PREFETCH_FAST_BATCH_S
+        # The batch's own seconds beside the handler's: what a batch costs beyond its
+        # handler (the replay's batch_cost_s), one clock read a batch.
+        batch_s = time.monotonic() - began
         settlement, counters = settle_batch(
-            jobs, self.spec.policy, rand=self.rand.random, rejected=rejected, busy_s=busy_s)
+            jobs, self.spec.policy, rand=self.rand.random, rejected=rejected, busy_s=busy_s,
+            batch_s=batch_s)
         if counters.done != len(jobs):  # some job did not simply succeed: any exception?
             self._failed += self.failures.collect(self.queue, jobs, settlement,
                                                   self.spec.policy, time.time())
