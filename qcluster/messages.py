@@ -91,11 +91,12 @@ class BatchCounters(_Msg):
     busy_s: Seconds = 0.0
     """Seconds spent in the handler."""
     batch_s: Seconds = 0.0
-    """Seconds spent in batches, each from its start (its jobs taken, the master told) to
-    its handler's return: decoding and the handler. ``batch_s - busy_s`` is what batches
-    cost the slot beyond their handler. Not in it: the broker's round trip (a take that
-    waited for jobs cannot be told from one that did not) and the settle's bookkeeping.
-    0 from a slot older than the field."""
+    """Seconds spent in batches, each up to its handler's return from the previous
+    batch's (the slot went straight on: the round trip that settled that batch and took
+    this one, decoding, the master's messages) or, after a take that may have waited for
+    jobs (its oldest job came after the last batch ended), from the take's return. So
+    ``batch_s - busy_s`` is what batches cost the slot beyond their handler, and no time
+    the slot waited for jobs is in it. 0 from a slot older than the field."""
 
     def __add__(self, other: BatchCounters) -> BatchCounters:
         return BatchCounters(

@@ -79,8 +79,8 @@ class RoundQueue(_Line):
     batches: int = Field(default=0, ge=0)
     """Batches those jobs ran in (0 in a recording older than the field)."""
     batch_s: float = Field(default=0.0, ge=0)
-    """Seconds the slots spent in those batches, each from its start to its handler's
-    return (``BatchCounters.batch_s``): less the handler's seconds (``mean_job_s`` times
+    """Seconds the slots spent in those batches, idle time left out
+    (``BatchCounters.batch_s``): less the handler's seconds (``mean_job_s`` times
     ``done``), what the batches cost beyond their handler. 0 when no slot measured it (a
     recording or a slot older than the field)."""
 

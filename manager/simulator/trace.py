@@ -293,8 +293,8 @@ class BatchCosts:
     seconds in batches less the handler's, over the batches, summed over the recording.
     A sum, not a median over rounds: the replay charges every batch the same cost, so the
     slot-seconds it takes are right when the cost is the mean per batch, and a round
-    with a few batches weighs as little as it costs. Idle slots do not count: a batch's
-    seconds run from its start to its handler's return.
+    with a few batches weighs as little as it costs. The time slots waited for jobs is
+    not in it (``BatchCounters.batch_s``).
 
     Fitted where they do not (a recording older than the fields): the median, over the
     rounds with a backlog at both ends, of slot-seconds per job done less the job time,
