@@ -26,7 +26,9 @@ The simulation's own figures (per job, every slot start and stop) are kept besid
 
 ``python -m bench.sim_vs_real`` prints JSON and writes bench/results/sim_vs_real.json
 (the load average while the demo ran in it) and keeps the recording beside it;
-``--replay FILE`` compares a kept recording again, without a demo, and only prints.
+``--replay FILE`` compares a kept recording again, without a demo, and only prints;
+``--fit`` replays it with its cost per batch fitted, not measured (its slots' batch
+seconds dropped), as a recording written before them.
 The error (simulated / real - 1) is in docs/simulator.md.
 """
 
@@ -191,6 +193,20 @@ def real_figures(recording: Path) -> dict[str, dict[str, Any]]:
     return {name: figures_of(seen, interval) for name, seen in rounds.items()}
 
 
+def without_measured_costs(recording: Path, into: Path) -> Path:
+    """The recording without the slots' batch seconds (``batches``, ``batch_s``): replayed,
+    its cost per batch is fitted as for a recording written before them."""
+    lines = []
+    for text in recording.read_text().splitlines():
+        line = json.loads(text)
+        for queue in line.get("queues", {}).values() if line.get("type") == "round" else ():
+            queue.pop("batches", None)
+            queue.pop("batch_s", None)
+        lines.append(json.dumps(line))
+    into.write_text("\n".join(lines) + "\n")
+    return into
+
+
 def simulated_figures(recording: Path) -> dict[str, dict[str, Any]]:
     trace = load_trace(recording)
     sim = SampledSimulation(trace, make_policy("qcluster", trace), 0)
@@ -237,7 +253,7 @@ def is_within(row: dict[str, Any], key: str, limit: float) -> bool:
 KEPT = ROOT / "bench" / "results" / "sim_vs_real_recording.jsonl"
 
 
-def run(seconds: int = DEMO_S, replay: Path | None = None) -> dict[str, Any]:
+def run(seconds: int = DEMO_S, replay: Path | None = None, fit: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     loads: list[float] = []
     stop = threading.Event()
@@ -255,6 +271,8 @@ def run(seconds: int = DEMO_S, replay: Path | None = None) -> dict[str, Any]:
             shutil.copyfile(recording, KEPT)
         else:
             recording = replay
+        if fit:
+            recording = without_measured_costs(recording, Path(tmp) / "fitted.jsonl")
         real, sim = real_figures(recording), simulated_figures(recording)
     stop.set()
     sampler.join()
@@ -276,8 +294,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("seconds", nargs="?", type=int, default=DEMO_S)
     parser.add_argument("--replay", type=Path, help="compare this recording, no demo")
+    parser.add_argument("--fit", action="store_true",
+                        help="fit the cost per batch as for a recording without the slots' "
+                             "batch seconds (the model before they were recorded)")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.seconds, args.replay), indent=2))
+    print(json.dumps(run(args.seconds, args.replay, args.fit), indent=2))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,9 @@ class Sample:
     covers_s: float
     """The report interval these counters were counted over (they end at ``at``)."""
     host: str = ""
+    batches: int = 0
+    batch_s: float = 0.0
+    """Seconds in those batches, handler included (BatchCounters.batch_s)."""
 
 
 @dataclass
@@ -86,6 +89,9 @@ class QueueObservation:
     locked: int
     """Jobs taken and not settled yet."""
     running: int
+    batches: int = 0
+    batch_s: float = 0.0
+    """Seconds in those batches, handler included (0: no slot reported it)."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,7 @@ class ClusterState:
             c = counted.counters
             track.settled += c.processed
             track.samples.append(Sample(now, c.processed, c.busy_s, counted.alive_s,
-                                        report.interval_s, report.host))
+                                        report.interval_s, report.host, c.batches, c.batch_s))
         for queue in report.queues:
             if queue not in tracks:  # a QueueTrack is made only for a new queue: every
                 tracks[queue] = QueueTrack()  # report names all of its app's queues
@@ -418,6 +424,7 @@ class ClusterState:
                 busy_s=sum(s.busy_s for s in held),
                 backlog=stats.ready, locked=stats.locked,
                 running=sum(row.get(name, 0) for row in running.values()),
+                batches=sum(s.batches for s in held), batch_s=sum(s.batch_s for s in held),
             )
         hosts = {name: (entry.report.capacity_slots, name in alive)
                  for name, entry in sorted(self.hosts.items())}

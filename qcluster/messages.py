@@ -90,6 +90,13 @@ class BatchCounters(_Msg):
     batches: Count = 0
     busy_s: Seconds = 0.0
     """Seconds spent in the handler."""
+    batch_s: Seconds = 0.0
+    """Seconds spent in batches, each up to its handler's return from the previous
+    batch's (the slot went straight on: the round trip that settled that batch and took
+    this one, decoding, the master's messages) or, after a take that may have waited for
+    jobs (its oldest job came after the last batch ended), from the take's return. So
+    ``batch_s - busy_s`` is what batches cost the slot beyond their handler, and no time
+    the slot waited for jobs is in it. 0 from a slot older than the field."""
 
     def __add__(self, other: BatchCounters) -> BatchCounters:
         return BatchCounters(
@@ -99,6 +106,7 @@ class BatchCounters(_Msg):
             malformed=self.malformed + other.malformed,
             batches=self.batches + other.batches,
             busy_s=self.busy_s + other.busy_s,
+            batch_s=self.batch_s + other.batch_s,
         )
 
     @property

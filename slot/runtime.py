@@ -9,6 +9,7 @@ or in the foreground (``qcluster slot``).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import signal
@@ -103,6 +104,8 @@ class SlotRunner:
         batch never fills it)."""
         self._last_sent = 0.0
         self._fast_batches = False
+        self._batch_end = -math.inf
+        """time.monotonic() at the last batch's handler return (-inf: none yet)."""
         self._one_at_a_time = False
         """The last take held suspect jobs: take one job at a time until a take has none
         (each suspect runs alone without re-reading its batch-mates every time)."""
@@ -227,6 +230,8 @@ class SlotRunner:
     def _run_take(self, deliveries: list[Delivery], taken: float) -> Settlement:
         """Run a take batch_size at a time; the outcomes of all its batches."""
         policy = self.spec.policy
+        if not self._went_straight_on(deliveries[0], taken):
+            self._batch_end = taken  # its first batch's seconds count from the take
         settlement = Settlement(retention=self._retention)
         size = policy.batch_size
         for start in range(0, len(deliveries), size):
@@ -249,6 +254,15 @@ class SlotRunner:
                 settlement.errors.update(part.errors)
             self._send(BatchDone(queue=self.queue, counters=counters))
         return settlement
+
+    def _went_straight_on(self, oldest: Delivery, taken: float) -> bool:
+        """The take's first (oldest) job was ready when the slot's last batch ended: the
+        slot went straight from that batch to this take, and the seconds between (the
+        round trip that settled it and took this one, the master's messages) are this
+        take's first batch's. A take whose jobs came later may have waited for them: the
+        slot was idle, and its batch counts from the take's return. On the broker's clock
+        the last batch ended at least ``taken - self._batch_end`` before the take."""
+        return oldest.activate_at <= oldest.taken_at - (taken - self._batch_end)
 
     def _settle_then_report(self, settlement: Settlement, taken: float, *,
                             defer_settle: bool) -> None:
@@ -351,8 +365,13 @@ class SlotRunner:
         # Prefetch only for handlers that finish fast: slow jobs are better spread
         # over every slot of the queue than queued behind each other in one.
         self._fast_batches = busy_s < PREFETCH_FAST_BATCH_S
+        # The batch's seconds beside the handler's: what a batch costs beyond its handler
+        # (the replay's batch_cost_s), one clock read a batch (see _went_straight_on).
+        ended = time.monotonic()
+        batch_s, self._batch_end = ended - self._batch_end, ended
         settlement, counters = settle_batch(
-            jobs, self.spec.policy, rand=self.rand.random, rejected=rejected, busy_s=busy_s)
+            jobs, self.spec.policy, rand=self.rand.random, rejected=rejected, busy_s=busy_s,
+            batch_s=batch_s)
         if counters.done != len(jobs):  # some job did not simply succeed: any exception?
             self._failed += self.failures.collect(self.queue, jobs, settlement,
                                                   self.spec.policy, time.time())

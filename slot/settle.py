@@ -44,6 +44,7 @@ def settle_batch(
     rand: Callable[[], float],
     rejected: Sequence[Rejected] = (),
     busy_s: float = 0.0,
+    batch_s: float = 0.0,
 ) -> tuple[Settlement, BatchCounters]:
     """Settlement for ``jobs`` after their handler ran, plus the counters to report.
 
@@ -53,6 +54,7 @@ def settle_batch(
         rejected: deliveries refused before the handler (malformed, not JSON, too many
             takes) with their reasons; they go to the dead-letter store.
         rand: a float in [0, 1) for backoff jitter.
+        busy_s, batch_s: the handler's seconds and the batch's (counters.BatchCounters).
     """
     settlement = Settlement(retention=dead_retention(policy))
     malformed = 0
@@ -92,7 +94,7 @@ def settle_batch(
             retried += 1
     counters = BatchCounters(
         done=done, retried=retried, failed=failed + len(rejected), malformed=malformed,
-        batches=1, busy_s=busy_s,
+        batches=1, busy_s=busy_s, batch_s=batch_s,
     )
     return settlement, counters
 

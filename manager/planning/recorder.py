@@ -7,8 +7,10 @@ again against changed policies. Format (JSON Lines, version 1):
   "queues": {NAME: QueuePolicy fields}, "hosts": {NAME: {"slots": capacity}}}``;
 * then one line per planning round: ``{"type": "round", "t_s": s since started_at,
   "hosts": {NAME: {"slots": capacity, "alive": bool}}, "queues": {NAME: {"arrived",
-  "done", "backlog", "mean_job_s", "slots"}}}``, plus ``"policies": {NAME: ...}`` for a
-  queue whose policy the file has not carried yet (first seen, or changed).
+  "done", "backlog", "mean_job_s", "slots", "batches", "batch_s"}}}``, plus
+  ``"policies": {NAME: ...}`` for a queue whose policy the file has not carried yet
+  (first seen, or changed). ``batches`` and ``batch_s`` are optional (0: not measured,
+  as in a recording written before them).
 
 Every header starts a self-contained recording: a restarted manager appends a new
 header to the same file, and so does the recorder after it rotates a full file to
@@ -74,6 +76,13 @@ class RoundQueue(_Line):
     """Mean handler seconds of the jobs done since the previous round; None when none."""
     slots: int = Field(ge=0)
     """Slots running for the queue."""
+    batches: int = Field(default=0, ge=0)
+    """Batches those jobs ran in (0 in a recording older than the field)."""
+    batch_s: float = Field(default=0.0, ge=0)
+    """Seconds the slots spent in those batches, idle time left out
+    (``BatchCounters.batch_s``): less the handler's seconds (``mean_job_s`` times
+    ``done``), what the batches cost beyond their handler. 0 when no slot measured it (a
+    recording or a slot older than the field)."""
 
 
 class RecordHeader(_Line):
@@ -204,6 +213,7 @@ class Recorder:
                 arrived=self._arrivals(name, seen), done=seen.processed,
                 backlog=seen.backlog, slots=seen.running,
                 mean_job_s=_short(seen.busy_s / seen.processed) if seen.processed else None,
+                batches=seen.batches, batch_s=_precise(seen.batch_s),
             )
         new_policies = {name: policy for name, policy in observation.policies.items()
                         if self._described.get(name) != policy}
@@ -262,6 +272,12 @@ def _drop_torn_tail(path: Path, chunk: int = 1 << 16) -> None:
 def _short(seconds: float) -> float:
     """Four significant digits: plenty for a mean, a shorter line, and never rounded to 0."""
     return float(f"{seconds:.4g}")
+
+
+def _precise(seconds: float) -> float:
+    """Seven significant digits: a replay subtracts the handler's seconds from it, and the
+    difference is a few percent of it."""
+    return float(f"{seconds:.7g}")
 
 
 def recorder_for(settings: ManagerSettings, started_at: float) -> Recorder | None:

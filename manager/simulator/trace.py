@@ -20,6 +20,7 @@ from qcluster.manager.planning.recorder import (
     RecordHeader,
     RecordLine,
     RecordRound,
+    RoundQueue,
     parse_record_line,
 )
 from qcluster.policy import QueuePolicy
@@ -64,8 +65,8 @@ class QueueSpec(_Strict):
     tick_jobs: int = Field(default=1, ge=1)
     batch_cost_s: float = Field(default=0.0, ge=0)
     """Seconds a slot spends per batch beyond its jobs' handler time (take, settle,
-    report; a busy host's contention). The masters report handler time only, so the
-    planner does not see it. A replayed recording's is fitted from its saturated rounds."""
+    report; a busy host's contention). The planner sees handler time only, as from the
+    masters. A replayed recording's is measured by its slots (:class:`BatchCosts`)."""
     start_slots: int = Field(default=0, ge=0)
     """Slots already running when the trace begins, placed as the manager would (a replayed
     recording's: those its first round found running); 0: every queue starts cold."""
@@ -198,14 +199,14 @@ TINY_JOB_S = 1e-4
 
 
 def _replayed_queue(policy: QueuePolicy, per_round: list[int],
-                    means: list[tuple[float, float]], saturated: list[float],
+                    means: list[tuple[float, float]], costs: BatchCosts,
                     start_slots: int) -> QueueSpec:
     """One recorded queue as a trace's: its rounds' arrivals spread evenly, its measured
-    job times (the policy's estimate before the first), its fitted cost per batch."""
+    job times (the policy's estimate before the first), its cost per batch."""
     mean = means[0][1] if means else policy.est_job_seconds
     return QueueSpec(policy=policy.model_dump(), per_round=per_round, arrivals="even",
                      job_time=JobTime(mean_s=mean, changes=means),
-                     batch_cost_s=_batch_cost(saturated, policy), start_slots=start_slots)
+                     batch_cost_s=costs.cost(policy), start_slots=start_slots)
 
 
 def recording_to_trace(text: str, source: str = "recording") -> Trace:
@@ -222,9 +223,7 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
     hosts: dict[str, HostSpec] = {}
     per_round: dict[str, list[int]] = {}
     means: dict[str, list[tuple[float, float]]] = {}
-    saturated: dict[str, list[float]] = {}
-    """Per queue: slot-seconds per job done beyond the handler time, in the rounds in which
-    its slots had work all along (a backlog at both ends)."""
+    costs: dict[str, BatchCosts] = {}
     waiting: dict[str, bool] = {}
     start_slots: dict[str, int] = {}
     """The slots each queue ran at the recording's first round (before it, masters ran)."""
@@ -251,9 +250,8 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
             per_round[name].append(queue.arrived)
             if queue.mean_job_s is not None:
                 means[name].append((at, queue.mean_job_s or TINY_JOB_S))
-                if waiting.get(name) and queue.backlog and queue.slots and queue.done:
-                    saturated.setdefault(name, []).append(
-                        queue.slots * interval / queue.done - queue.mean_job_s)
+                costs.setdefault(name, BatchCosts()).add(
+                    queue, interval, saturated=bool(waiting.get(name) and queue.backlog))
             waiting[name] = queue.backlog > 0
         index += 1
     for counts in per_round.values():
@@ -261,7 +259,7 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
     if not hosts:
         raise TraceError(f"{source}: the recording names no host")
     queues = {name: _replayed_queue(policy, per_round[name], means[name],
-                                    saturated.get(name, []), start_slots.get(name, 0))
+                                    costs.get(name, BatchCosts()), start_slots.get(name, 0))
               for name, policy in policies.items()}
     events.sort(key=lambda e: e.at_s)
     data = {"duration_s": max(1, index) * interval, "interval_s": interval,
@@ -288,12 +286,50 @@ def _header_hosts(header: RecordHeader, at: float, hosts: dict[str, HostSpec],
 MIN_SATURATED_ROUNDS = 3
 
 
-def _batch_cost(overheads: list[float], policy: QueuePolicy) -> float:
-    """The median overhead per job of the saturated rounds, per batch (0 when too few)."""
-    if len(overheads) < MIN_SATURATED_ROUNDS:
-        return 0.0
-    median = sorted(overheads)[len(overheads) // 2]
-    return max(0.0, median) * policy.batch_size
+class BatchCosts:
+    """A recorded queue's cost per batch beyond its handler, from its rounds.
+
+    Measured where the slots report it (``batches`` and ``batch_s`` in a round): the
+    seconds in batches less the handler's, over the batches, summed over the recording.
+    A sum, not a median over rounds: the replay charges every batch the same cost, so the
+    slot-seconds it takes are right when the cost is the mean per batch, and a round
+    with a few batches weighs as little as it costs. The time slots waited for jobs is
+    not in it (``BatchCounters.batch_s``).
+
+    Fitted where they do not (a recording older than the fields): the median, over the
+    rounds with a backlog at both ends, of slot-seconds per job done less the job time,
+    times ``batch_size``; it counts the seconds slots idled in such rounds (a backlog
+    standing between the load's ticks), so it overstates a batch's cost.
+    """
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.over_s = 0.0
+        """Seconds in the measured batches beyond their handler."""
+        self.saturated: list[float] = []
+        """Slot-seconds per job done beyond the job time, in the saturated rounds."""
+
+    def add(self, queue: RoundQueue, interval_s: float, *, saturated: bool) -> None:
+        """A round in which ``queue.done`` jobs were done (their mean time measured)."""
+        assert queue.mean_job_s is not None
+        if queue.batches and queue.batch_s > 0:
+            self.batches += queue.batches
+            self.over_s += queue.batch_s - queue.mean_job_s * queue.done
+        if saturated and queue.slots and queue.done:
+            self.saturated.append(queue.slots * interval_s / queue.done - queue.mean_job_s)
+
+    @property
+    def measured(self) -> bool:
+        return self.batches > 0
+
+    def cost(self, policy: QueuePolicy) -> float:
+        """Seconds per batch beyond the handler's (0 when neither measured nor fitted)."""
+        if self.measured:
+            return max(0.0, self.over_s / self.batches)
+        if len(self.saturated) < MIN_SATURATED_ROUNDS:
+            return 0.0
+        median = sorted(self.saturated)[len(self.saturated) // 2]
+        return max(0.0, median) * policy.batch_size
 
 
 def _pad(counts: list[int], length: int) -> None:
