@@ -27,7 +27,6 @@ from qcluster import exitcodes
 from qcluster.channel import Channel, slot_channel_pair
 from qcluster.errors import AppImportError, BrokerError, ConfigError, HandlerNotFound
 from qcluster.messages import GiveBack, HeldJob, MasterToSlot, SlotToMaster
-from qcluster.slot.prefork import clear_type_cache
 
 if TYPE_CHECKING:
     from qcluster.master.template import Template, Tend
@@ -251,7 +250,6 @@ class ProcessEffects:
         master_pid = os.getpid()
         try:
             master_end, slot_end = slot_channel_pair()
-            clear_type_cache()  # the slot's lookups then write no name of the master's
             try:
                 pid = os.fork()
             except OSError:  # no process or memory left: nothing left open behind

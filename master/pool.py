@@ -38,6 +38,7 @@ from qcluster.messages import (
     StopSlot,
     SwitchQueue,
 )
+from qcluster.slot.prefork import clear_type_cache
 
 #: Give-back parts kept while no live slot can take them (older ones are dropped: their
 #: jobs come back when their locks expire, as without a master).
@@ -93,6 +94,8 @@ class SlotPool:
                 for s in self.slots.values()]
 
     def apply(self, actions: Sequence[Action], now: float) -> None:
+        if self.template is None and any(isinstance(action, Fork) for action in actions):
+            clear_type_cache()  # the slots forked next then write no name of the master's
         for action in actions:
             if isinstance(action, Fork) and self.backoff.may_fork(action.queue, now):
                 self.fork(action.queue, now)
