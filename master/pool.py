@@ -94,10 +94,12 @@ class SlotPool:
                 for s in self.slots.values()]
 
     def apply(self, actions: Sequence[Action], now: float) -> None:
-        if self.template is None and any(isinstance(action, Fork) for action in actions):
-            clear_type_cache()  # the slots forked next then write no name of the master's
+        emptied = self.template is not None  # (a template's slots are forked from its cache)
         for action in actions:
             if isinstance(action, Fork) and self.backoff.may_fork(action.queue, now):
+                if not emptied:  # once per pass, before its first fork: see clear_type_cache
+                    clear_type_cache()
+                    emptied = True
                 self.fork(action.queue, now)
             elif isinstance(action, Stop):
                 self.stop(self.slots[action.slot_no], "not in the row")
