@@ -159,6 +159,9 @@ def _prepare(settings: Settings, slots: str | None, host_name: str | None, liste
     application = load_app_checked(settings.app).with_overrides(settings.queues)
     for queue in row or ():
         application.spec(queue)
+    # The app's import made the master's garbage: collected here, not just before the
+    # fork (see _run), so that what it frees is reused by the master's own start.
+    gc.collect()
     prepare_slots(settings.broker_url, metrics_on)
     claim = check_broker(settings)
     announce_broker(settings, "master")  # once it answered: a refusal stays one line
@@ -234,8 +237,11 @@ def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None,
         Reporter(supervisor, manager_url, supervisor.settings.master.report_interval_s,
                  token=supervisor.settings.token, cluster=cluster).start()
     # Everything imported so far is shared copy-on-write by every slot: keep the GC from
-    # touching (and so copying) those objects' pages in the slots.
-    gc.collect()
+    # touching (and so copying) those objects' pages in the slots. No full collection
+    # right before (the garbage was collected in _prepare): finding none, it still empties
+    # the interpreter's free lists into the master's pymalloc pools, free blocks each slot
+    # then fills with objects of its own, a page copied per block (0.1 MiB of a no-op
+    # slot's Private_Dirty).
     gc.freeze()
     try:
         return supervisor.run()

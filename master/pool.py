@@ -38,6 +38,7 @@ from qcluster.messages import (
     StopSlot,
     SwitchQueue,
 )
+from qcluster.slot.prefork import clear_type_cache
 
 #: Give-back parts kept while no live slot can take them (older ones are dropped: their
 #: jobs come back when their locks expire, as without a master).
@@ -93,8 +94,12 @@ class SlotPool:
                 for s in self.slots.values()]
 
     def apply(self, actions: Sequence[Action], now: float) -> None:
+        emptied = self.template is not None  # (a template's slots are forked from its cache)
         for action in actions:
             if isinstance(action, Fork) and self.backoff.may_fork(action.queue, now):
+                if not emptied:  # once per pass, before its first fork: see clear_type_cache
+                    clear_type_cache()
+                    emptied = True
                 self.fork(action.queue, now)
             elif isinstance(action, Stop):
                 self.stop(self.slots[action.slot_no], "not in the row")
