@@ -221,9 +221,14 @@ def become_slot(control: socket.socket, spec: TemplateSpec, app: object,
     from qcluster.slot.runtime import run_slot
 
     deadline = time.monotonic() + REPARENT_TIMEOUT_S
-    while os.getppid() != spec.master_pid:
-        if os.getppid() != middle_pid or time.monotonic() > deadline:
-            return exitcodes.FAILURE  # reparented elsewhere: the master is gone
+    while (parent := os.getppid()) != spec.master_pid:
+        # One read per check: the middle child exits meanwhile, and a second read could
+        # see the master already, which is neither the middle child nor gone.
+        if parent != middle_pid or time.monotonic() > deadline:
+            logger.error("slot %d (%s): its parent is pid %d, not the master (pid %d): "
+                         "the master is gone", order.slot_no, order.queue, parent,
+                         spec.master_pid)
+            return exitcodes.FAILURE
         time.sleep(0.0005)
     assert isinstance(app, App)
 
