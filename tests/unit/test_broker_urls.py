@@ -25,6 +25,7 @@ from qcluster.broker import (
 )
 from qcluster.broker.urls import split_urls
 from qcluster.errors import ConfigError
+from tests.unit.recording_channel import RecordingChannel
 
 BACKENDS = [
     (None, EMBEDDED_MODULE), ("embedded", EMBEDDED_MODULE), (" embedded ", EMBEDDED_MODULE),
@@ -237,19 +238,6 @@ class _DownBroker:
         return lambda *args, **kwargs: None  # leave, close, settle: nothing to do
 
 
-class _Channel:
-    closed = False
-
-    def __init__(self) -> None:
-        self.sent: list[object] = []
-
-    def send(self, message: object) -> None:
-        self.sent.append(message)
-
-    def receive(self) -> list[object]:
-        return []
-
-
 def test_a_slot_whose_broker_is_down_keeps_sending_heartbeats(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -269,7 +257,7 @@ def test_a_slot_whose_broker_is_down_keeps_sending_heartbeats(
     monkeypatch.setattr(runtime, "BROKER_ERROR_PAUSE_S", 0.0)
     monkeypatch.setattr(runtime, "HEARTBEAT_INTERVAL_S", 0.0)  # every pass may send one
     box: list[object] = []
-    channel = _Channel()
+    channel = RecordingChannel()
     runner = runtime.SlotRunner(app, "q", _DownBroker(box, 3),  # type: ignore[arg-type]
                                 channel=channel, slot_no=1)  # type: ignore[arg-type]
     box.append(runner)
@@ -308,7 +296,7 @@ def test_a_slot_sends_a_heartbeat_while_its_broker_waits() -> None:
     def handle(jobs: list[Job]) -> None:
         pass
 
-    channel = _Channel()
+    channel = RecordingChannel()
     broker = _DownBroker([], 99)
     SlotRunner(app, "q", broker, channel=channel, slot_no=1)  # type: ignore[arg-type]
     assert callable(broker.on_wait)

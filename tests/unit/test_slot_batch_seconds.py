@@ -12,6 +12,7 @@ import pytest
 from qcluster import App, Job
 from qcluster.job import Delivery, LockToken
 from qcluster.messages import BatchCounters, BatchDone
+from tests.unit.recording_channel import RecordingChannel
 
 DECODE_S = 0.02
 HANDLER_S = 0.03
@@ -39,19 +40,6 @@ class _OneTake:
         return lambda *args, **kwargs: None  # settle, leave, close: nothing to do
 
 
-class _Channel:
-    closed = False
-
-    def __init__(self) -> None:
-        self.sent: list[object] = []
-
-    def send(self, message: object) -> None:
-        self.sent.append(message)
-
-    def receive(self) -> list[object]:
-        return []
-
-
 def test_a_batch_reports_its_seconds_beyond_the_handler(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two batches of 2 jobs, each decoded in 20 ms and handled in 30 ms: each reports
     its handler's 30 ms as busy_s and at least 50 ms as batch_s (0 before the field)."""
@@ -70,7 +58,7 @@ def test_a_batch_reports_its_seconds_beyond_the_handler(monkeypatch: pytest.Monk
         return real_decode(deliveries, policy)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runtime, "decode_batch", slow_decode)
-    channel = _Channel()
+    channel = RecordingChannel()
     broker = _OneTake([_delivery(f"j{n}") for n in range(4)])
     runner = runtime.SlotRunner(app, "q", broker, channel=channel,  # type: ignore[arg-type]
                                 slot_no=1)
@@ -125,7 +113,7 @@ def test_a_take_the_slot_went_straight_to_counts_its_round_trip(
     def handle(jobs: list[Job]) -> None:
         time.sleep(0.005)
 
-    channel = _Channel()
+    channel = RecordingChannel()
     broker = _Takes([])
     runner = runtime.SlotRunner(app, "q", broker, channel=channel,  # type: ignore[arg-type]
                                 slot_no=1)
