@@ -29,7 +29,7 @@ import math
 import random
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from qcluster.manager.planning.arrivals import ArrivalCount
@@ -63,6 +63,8 @@ __all__ = ["Host", "HostSlots", "PolicyRun", "QueueFigures", "QueueSim", "Series
 #: Charts keep at most this many points per series (longer runs are summarised in chunks).
 MAX_POINTS = 1500
 EPS = 1e-9
+#: Told after each simulated round: the policy, the rounds done, the rounds in all.
+Progress = Callable[[str, int, int], None]
 
 
 def _seed(seed: int, *parts: str) -> int:
@@ -425,7 +427,7 @@ class Simulation:
 
     # --- the loop -------------------------------------------------------------------
 
-    def run(self) -> PolicyRun:
+    def run(self, progress: Progress | None = None) -> PolicyRun:
         steps, dt = self.steps, self.dt
         self.host_events(0.0)
         self.start_running({name: spec.start_slots for name, spec in self.trace.queues.items()
@@ -458,13 +460,17 @@ class Simulation:
             end = start + self.trace.interval_s
             for q in queues:
                 end_round(q, index, end)
+            if progress is not None:
+                progress(self.policy.name, index + 1, self.rounds)
         reasons = self.policy.reasons if isinstance(self.policy, QclusterPolicy) else []
         return PolicyRun(self.policy.name, self.queues, reasons, self.deaths,
                          self.trace.interval_s, dt, self.detect_s, self.over_capacity,
                          self.rounds * self.trace.interval_s)
 
 
-def simulate(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0) -> SimulationResult:
+def simulate(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0,
+             progress: Progress | None = None) -> SimulationResult:
     """Every policy on the same arrivals (the same seed draws the same jobs)."""
-    runs = {name: Simulation(trace, make_policy(name, trace), seed).run() for name in policies}
+    runs = {name: Simulation(trace, make_policy(name, trace), seed).run(progress)
+            for name in policies}
     return SimulationResult(trace, seed, runs)

@@ -119,3 +119,24 @@ def test_the_command_refuses_a_bad_trace_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "hosts: Field required" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("where", ["missing/report.html", "."])
+def test_a_report_that_cannot_be_written_is_refused_before_the_simulation(
+        tmp_path: Path, where: str) -> None:
+    register_commands()
+    trace = write(tmp_path, "t.json", HAND_WRITTEN)
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(trace), "--html",
+                                      str(tmp_path / where)])
+    assert result.exit_code == 2
+    assert f"error: --html {tmp_path / where}: " in result.output
+    assert "Traceback" not in result.output and "p99" not in result.output  # not simulated
+
+
+def test_a_simulation_tells_its_progress_round_by_round(tmp_path: Path) -> None:
+    trace = load_trace(write(tmp_path, "t.json", HAND_WRITTEN))
+    told: list[tuple[str, int, int]] = []
+    simulate(trace, ["qcluster", "hpa"], progress=lambda *args: told.append(args))
+    rounds = 30  # 60 s at the default 2 s interval
+    assert told == [(name, done, rounds) for name in ("qcluster", "hpa")
+                    for done in range(1, rounds + 1)]
