@@ -1,7 +1,7 @@
 """``qcluster demo``: a whole cluster on one machine, on the embedded broker.
 
 A manager, two masters (host names ``demo-a`` and ``demo-b``, sized from memory and load), the
-example app (``examples.app``: queues of different priorities) and a load generator
+demo's app (``qcluster.demo.app``: queues of different priorities) and a load generator
 whose arrival rates change over time, so the slot map visibly moves. Runs until Ctrl-C
 (or ``--duration``); every child is stopped on the way out. The manager records what it
 observed to ``<state dir>/demo-recording.jsonl``, which ``qcluster simulate --trace``
@@ -16,12 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from qcluster.cli_support import settings_for
 from qcluster.demo.feed import Feed
@@ -51,10 +53,29 @@ def payload(queue: str, n: int) -> dict[str, Any]:
     return {"n": n}
 
 
-def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    handle = log.open("wb")
-    return subprocess.Popen([sys.executable, "-m", "qcluster", *args], stdout=handle,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+@dataclass
+class Child:
+    """One process of the demo's cluster."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def ended(self) -> str:
+        """'' while it runs; else how it ended, with its log's last line (the reason)."""
+        code = self.proc.poll()
+        if code is None:
+            return ""
+        lines = self.log.read_text(errors="replace").strip().splitlines()
+        return (f"the {self.name} exited (code {code}): "
+                f"{lines[-1] if lines else 'nothing logged'}; its log: {self.log}")
+
+
+def _spawn(name: str, args: list[str], log: Path, env: dict[str, str]) -> Child:
+    with log.open("wb") as handle:  # the child holds its own copy
+        proc = subprocess.Popen([sys.executable, "-m", "qcluster", *args], stdout=handle,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Child(name, proc, log)
 
 
 def _summary(admin: str) -> str:
@@ -69,14 +90,15 @@ def _summary(admin: str) -> str:
         f"backlog {q['backlog']}, load {load_text(q['load'])}"
         for q in view["queues"]
     ]
-    return " | ".join(parts) + f" | hosts {sum(h['alive'] for h in view['hosts'])}"
+    return " | ".join([*parts, f"hosts {sum(h['alive'] for h in view['hosts'])}"])
 
 
 def demo(
     duration: Annotated[
         float | None, typer.Option("--duration", help="Stop after S seconds (default: Ctrl-C)")
     ] = None,
-    port: Annotated[int, typer.Option("--port", help="Manager / admin UI port")] = 7300,
+    port: Annotated[int, typer.Option(
+        "--port", help="Manager / admin UI port; the two masters take the next two")] = 7300,
     state_dir: Annotated[
         Path, typer.Option("--state-dir", help="Embedded broker state")
     ] = Path(".qcluster"),
@@ -102,7 +124,7 @@ def demo(
               + ("(a one-time login: its buttons work; " if link != admin else "(")
               + f"logs in {logs}; Ctrl-C stops)", soft_wrap=True)
     try:
-        sent = _feed_load(state_dir, admin, children, duration, stop)
+        sent, failed = _feed_load(state_dir, admin, children, duration, stop)
     finally:
         _stop_all(children)
         release(state_dir)
@@ -110,35 +132,34 @@ def demo(
     if recording.exists():
         out.print(f"the manager recorded this run in {recording}; replay it with\n"
                   f"  qcluster simulate --trace {recording}", soft_wrap=True)
+    if failed is not None:
+        raise typer.Exit(1)
 
 
 def _child_env(state_dir: Path) -> dict[str, str]:
-    """The children's environment: the demo's embedded broker, and the current directory
-    importable (the example app)."""
-    env = dict(os.environ, QCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=os.pathsep.join(
-        [os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    """The children's environment: the demo's embedded broker, whatever the shell's."""
+    env = dict(os.environ, QCLUSTER_STATE_DIR=str(state_dir))
     env.pop("QCLUSTER_BROKER_URL", None)
     return env
 
 
-def _spawn_cluster(port: int, recording: Path, logs: Path,
-                   env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+def _spawn_cluster(port: int, recording: Path, logs: Path, env: dict[str, str]) -> list[Child]:
     """A manager on ``port`` recording its rounds, and two masters on the ports after it."""
     admin = f"http://127.0.0.1:{port}"
-    children = [_spawn(["manager", "--listen", f"127.0.0.1:{port}", "--interval", "2",
-                        "--record", str(recording)], logs / "manager.log", env)]
+    children = [_spawn("manager", ["manager", "--listen", f"127.0.0.1:{port}", "--interval",
+                                   "2", "--record", str(recording)], logs / "manager.log", env)]
     for index, host in enumerate(("demo-a", "demo-b")):
         children.append(_spawn(
-            ["master", "--app", "examples.app", "--manager", admin,
-             "--host-name", host, "--listen", f"127.0.0.1:{port + 1 + index}"],
+            f"master {host}", ["master", "--app", "qcluster.demo.app", "--manager", admin,
+                               "--host-name", host, "--listen", f"127.0.0.1:{port + 1 + index}"],
             logs / f"master-{host}.log", env))
     return children
 
 
-def _feed_load(state_dir: Path, admin: str, children: list[subprocess.Popen[bytes]],
-               duration: float | None, stop: dict[str, bool]) -> int:
+def _feed_load(state_dir: Path, admin: str, children: list[Child], duration: float | None,
+               stop: dict[str, bool]) -> tuple[int, Child | None]:
     """Enqueue the demo's load until stopped, ``duration`` is over or a child exits,
-    printing a summary every 5 s; the jobs enqueued."""
+    printing a summary every 5 s; the jobs enqueued, and the child that exited."""
     from qcluster.client import Client
 
     started = time.monotonic()
@@ -156,11 +177,12 @@ def _feed_load(state_dir: Path, admin: str, children: list[subprocess.Popen[byte
             if t >= next_print:
                 next_print = t + 5
                 out.print(f"[dim]{t:5.0f}s[/] enqueued {sent:,} | {_summary(admin)}")
-                if any(child.poll() is not None for child in children):
-                    out.print("[red]a child process exited; see the logs[/]")
-                    break
+                for child in children:
+                    if why := child.ended():
+                        out.print(f"[red]{escape(why)}[/]", soft_wrap=True)
+                        return sent, child
             time.sleep(max(0.0, TICK_S - (time.monotonic() - started - t)))
-    return sent
+    return sent, None
 
 
 def _login_link(admin: str, configured: str | None, state_dir: Path,
@@ -186,12 +208,13 @@ def _login_link(admin: str, configured: str | None, state_dir: Path,
     return admin
 
 
-def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:
-    for child in reversed(children):
+def _stop_all(children: list[Child]) -> None:
+    procs = [child.proc for child in children]
+    for child in reversed(procs):
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
-    for child in children:
+    for child in procs:
         try:
             child.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
