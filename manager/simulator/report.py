@@ -23,8 +23,10 @@ COLORS = {"qcluster": "#1f77b4", "hpa": "#d62728", "static": "#7f7f7f"}
 
 
 def _cell(value: Any) -> str:
+    """A figure as the table shows it: whole numbers without a decimal (16, not 16.0, beside
+    9), others to 0.1 from 10 on."""
     if isinstance(value, float):
-        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:g}"
+        return f"{value:,.1f}".removesuffix(".0") if abs(value) >= 10 else f"{value:g}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from qcluster.cli import cli, register_commands
 from qcluster.manager.simulator import TraceError, load_trace, simulate
 from qcluster.manager.simulator.figures import figures
+from qcluster.manager.simulator.report import COLUMNS, HEADER, table_rows
 from qcluster.policy import QueuePolicy
 
 HAND_WRITTEN = """{"duration_s": 60,
@@ -140,3 +141,13 @@ def test_a_simulation_tells_its_progress_round_by_round(tmp_path: Path) -> None:
     rounds = 30  # 60 s at the default 2 s interval
     assert told == [(name, done, rounds) for name in ("qcluster", "hpa")
                     for done in range(1, rounds + 1)]
+
+
+def test_the_tables_whole_numbers_read_alike_whatever_their_size() -> None:
+    data = {"policies": {"hpa": {"overall": dict.fromkeys(
+        (key for key, _ in COLUMNS), 16.0) | {"wait_p99_s": 9.0, "slot_seconds": 2990.5,
+                                             "slack": 0.333, "slot_moves": 1234},
+        "queues": {}}}}
+    row = dict(zip(HEADER, table_rows(data)[0], strict=True))
+    assert (row["max wait s"], row["p99 wait s"]) == ("16", "9")
+    assert (row["slot-s"], row["slack"], row["slot moves"]) == ("2,990.5", "0.333", "1,234")
