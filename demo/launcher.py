@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from qcluster.cli_support import settings_for
+from qcluster.cli_support import check_port_free, settings_for, user_errors
 from qcluster.demo.feed import Feed
 
 out = Console()
@@ -79,18 +79,19 @@ def _spawn(name: str, args: list[str], log: Path, env: dict[str, str]) -> Child:
 
 
 def _summary(admin: str) -> str:
-    try:
-        view = httpx.get(f"{admin}api/v1/cluster", timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return "manager starting..."
     from qcluster.admin_ui.display import load_text
 
-    parts = [
-        f"{q['name']} {q['slots_current']}/{q['slots_planned']} slots, "
-        f"backlog {q['backlog']}, load {load_text(q['load'])}"
-        for q in view["queues"]
-    ]
-    return " | ".join([*parts, f"hosts {sum(h['alive'] for h in view['hosts'])}"])
+    try:
+        view = httpx.get(f"{admin}api/v1/cluster", timeout=2).json()
+        parts = [
+            f"{q['name']} {q['slots_current']}/{q['slots_planned']} slots, "
+            f"backlog {q['backlog']}, load {load_text(q['load'])}"
+            for q in view["queues"]
+        ]
+        return " | ".join([*parts, f"hosts {sum(h['alive'] for h in view['hosts'])}"])
+    except (httpx.HTTPError, ValueError, LookupError, TypeError):
+        # Not up yet, or not our manager answering (its child then exits: said next).
+        return "manager starting..."
 
 
 def demo(
@@ -107,6 +108,9 @@ def demo(
     from qcluster.broker.embedded import ensure_server
     from qcluster.broker.embedded_life import hold, release
 
+    with user_errors():  # the manager's port and the masters' after it, before any start
+        for taken in range(port, port + 3):
+            check_port_free("127.0.0.1", taken, "--port")
     state_dir = state_dir.resolve()
     hold(state_dir)  # the demo is the broker's last user: it stops it on the way out
     ensure_server(state_dir)
@@ -176,11 +180,11 @@ def _feed_load(state_dir: Path, admin: str, children: list[Child], duration: flo
                 sent += count
             if t >= next_print:
                 next_print = t + 5
-                out.print(f"[dim]{t:5.0f}s[/] enqueued {sent:,} | {_summary(admin)}")
                 for child in children:
                     if why := child.ended():
                         out.print(f"[red]{escape(why)}[/]", soft_wrap=True)
                         return sent, child
+                out.print(f"[dim]{t:5.0f}s[/] enqueued {sent:,} | {_summary(admin)}")
             time.sleep(max(0.0, TICK_S - (time.monotonic() - started - t)))
     return sent, None
 

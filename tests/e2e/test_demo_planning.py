@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from qcluster import exitcodes
 from qcluster.demo import RECORDING, RESIZE_EDGE_S
 from qcluster.manager.planning.recorder import RecordHeader, RecordRound, read_recording
 from tests.brokers import free_port_run
@@ -183,3 +185,21 @@ def check_recording(recording: Path, output: str) -> None:
     assert len(rounds) >= LOAD_S / 2 / 2  # one per 2 s round, half of them at least
     assert sum(r.queues["resize"].done for r in rounds) > 0
     assert {"demo-a", "demo-b"} <= set(rounds[-1].hosts)
+
+
+def test_a_demo_whose_ports_are_taken_says_which_in_one_line_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    port = free_port_run(3)
+    state_dir = tmp_path / "state"
+    with socket.socket() as holder:  # the second master's port, held by another process
+        holder.bind(("127.0.0.1", port + 2))
+        holder.listen()
+        result = subprocess.run(
+            [*QCLUSTER, "demo", "--port", str(port), "--duration", "5", "--state-dir",
+             str(state_dir)], cwd=tmp_path, env=qcluster_env(), capture_output=True, text=True,
+            timeout=60)
+    assert result.returncode == exitcodes.ADDRESS_IN_USE, result.stdout + result.stderr
+    assert result.stderr.strip() == (f"error: 127.0.0.1:{port + 2} is already in use (another "
+                                     "qcluster process?): choose another port with --port")
+    assert not state_dir.exists()  # no broker, manager or master was started
