@@ -214,13 +214,13 @@ def _login_link(admin: str, configured: str | None, state_dir: Path,
 
 def _stop_all(children: list[Child]) -> None:
     procs = [child.proc for child in children]
-    for child in reversed(procs):
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
-    for child in procs:
+    for proc in procs:
         try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
