@@ -10,11 +10,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from qcluster.config import load_settings
+from qcluster.errors import ConfigError
 from qcluster.manager.simulator.engine import SimulationResult
 from qcluster.manager.simulator.engine import simulate as run_simulation
 from qcluster.manager.simulator.policies import POLICIES
 from qcluster.manager.simulator.report import print_table, to_html, to_json
-from qcluster.manager.simulator.trace import Trace, TraceError, load_trace
+from qcluster.manager.simulator.trace import Trace, TraceError, load_trace, with_settings
 
 err = Console(stderr=True)
 #: The progress bar moves every this many simulated rounds.
@@ -30,6 +32,9 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="Figures as JSON")] = False,
     html_out: Annotated[Path | None, typer.Option(
         "--html", help="Write a self-contained HTML report here")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="qcluster.toml whose [queues.NAME] policies and [manager] "
+                         "target_utilization replace the trace's")] = None,
 ) -> None:
     """Simulate the manager's planning (and baselines) on a trace; print the figures."""
     chosen = policy or list(POLICIES)
@@ -38,7 +43,9 @@ def simulate(
         _fail(f"unknown policy {unknown[0]!r}: choose from {', '.join(POLICIES)}", 2)
     try:
         loaded = load_trace(trace)
-    except TraceError as exc:
+        if config is not None:
+            loaded = _configured(loaded, config)
+    except (TraceError, ConfigError) as exc:
         _fail(str(exc), 2)
     if html_out is not None and (why := _unwritable(html_out)):
         # Refused before the simulation: a day of 150 queues takes a minute to simulate.
@@ -72,6 +79,19 @@ def _simulate_with_progress(trace: Trace, policies: list[str], seed: int) -> Sim
                 bar.update(tasks[name], completed=done, total=rounds)
 
         return run_simulation(trace, policies, seed, advance)
+
+
+def _configured(trace: Trace, config: Path) -> Trace:
+    """The trace with the policies and target utilization of ``config`` (qcluster.toml)."""
+    settings = load_settings(config)
+    manager = settings.manager
+    utilization = (manager.target_utilization
+                   if "target_utilization" in manager.model_fields_set else None)
+    configured, unused = with_settings(trace, settings.queues, utilization)
+    if unused:
+        err.print(f"note: {config} configures queues the trace does not have: "
+                  f"{', '.join(unused)}", markup=False, highlight=False, soft_wrap=True)
+    return configured
 
 
 def _unwritable(path: Path) -> str:

@@ -153,6 +153,26 @@ class Trace(_Strict):
         return {name: spec.queue_policy() for name, spec in self.queues.items()}
 
 
+def with_settings(trace: Trace, queues: dict[str, dict[str, Any]],
+                  target_utilization: float | None) -> tuple[Trace, list[str]]:
+    """The trace as a manager with these settings plans it: each ``[queues.NAME]``'s keys
+    over that queue's policy (as the manager merges them over the code's), and the target
+    utilization when given; with the ``[queues.NAME]`` that name no queue of the trace."""
+    specs = dict(trace.queues)
+    for name, overrides in queues.items():
+        if name in specs:
+            try:
+                policy = specs[name].queue_policy().merged(dict(overrides))
+            except ValidationError as exc:
+                raise TraceError(f"[queues.{name}] does not fit the trace's policy: "
+                                 f"{_first_error(exc)}") from None
+            specs[name] = specs[name].model_copy(update={"policy": policy.model_dump()})
+    update: dict[str, Any] = {"queues": specs}
+    if target_utilization is not None:
+        update["target_utilization"] = target_utilization
+    return trace.model_copy(update=update), sorted(set(queues) - set(trace.queues))
+
+
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"])

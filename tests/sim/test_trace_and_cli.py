@@ -151,3 +151,30 @@ def test_the_tables_whole_numbers_read_alike_whatever_their_size() -> None:
     row = dict(zip(HEADER, table_rows(data)[0], strict=True))
     assert (row["max wait s"], row["p99 wait s"]) == ("16", "9")
     assert (row["slot-s"], row["slack"], row["slot moves"]) == ("2,990.5", "0.333", "1,234")
+
+
+def test_a_configuration_replaces_the_traces_policies_and_target(tmp_path: Path) -> None:
+    register_commands()
+    trace = write(tmp_path, "t.json", HAND_WRITTEN)  # mail: up to 4 slots, 20 jobs/s
+    config = write(tmp_path, "qcluster.toml", "[manager]\ntarget_utilization = 0.9\n\n"
+                   "[queues.mail]\nmax_slots = 1\n\n[queues.mial]\npriority = 3\n")
+    args = ["simulate", "--trace", str(trace), "--policy", "qcluster", "--json"]
+    as_traced = json.loads(CliRunner().invoke(cli, args).stdout)
+    configured = CliRunner().invoke(cli, [*args, "--config", str(config)])
+    assert configured.exit_code == 0, configured.output
+    mail = json.loads(configured.stdout)["policies"]["qcluster"]["queues"]["mail"]
+    assert mail["slot_seconds"] <= 60  # one slot at most, for the trace's 60 s
+    assert as_traced["policies"]["qcluster"]["queues"]["mail"]["slot_seconds"] > 60
+    assert f"note: {config} configures queues the trace does not have: mial" in (
+        configured.stderr)
+
+
+def test_a_bad_configuration_is_refused_in_one_line(tmp_path: Path) -> None:
+    register_commands()
+    trace = write(tmp_path, "t.json", HAND_WRITTEN)
+    config = write(tmp_path, "qcluster.toml", "[queues.mail]\nmax_slot = 1\n")
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(trace), "--config",
+                                      str(config)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: invalid configuration in {config}: ")
+    assert "max_slot" in result.output and result.output.count("\n") == 1
