@@ -4,7 +4,8 @@ The file is a trace ``qcluster simulate --trace FILE`` replays, so a real day ca
 again against changed policies. Format (JSON Lines, version 1):
 
 * a header: ``{"type": "header", "version": 1, "started_at": unix s, "interval_s": s,
-  "queues": {NAME: QueuePolicy fields}, "hosts": {NAME: {"slots": capacity}}}``;
+  "target_utilization": share, "queues": {NAME: QueuePolicy fields}, "hosts": {NAME:
+  {"slots": capacity}}}`` (``target_utilization`` optional: 0.8 when absent);
 * then one line per planning round: ``{"type": "round", "t_s": s since started_at,
   "hosts": {NAME: {"slots": capacity, "alive": bool}}, "queues": {NAME: {"arrived",
   "done", "backlog", "mean_job_s", "slots", "batches", "batch_s"}}}``, plus
@@ -92,6 +93,9 @@ class RecordHeader(_Line):
     """Unix seconds; every round's t_s counts from here."""
     interval_s: float = Field(gt=0)
     """The manager's planning interval."""
+    target_utilization: float = Field(default=0.8, gt=0, le=1)
+    """The manager's ``target_utilization`` (a recording written before the field: the
+    default's)."""
     queues: dict[str, QueuePolicy]
     hosts: dict[str, HeaderHost]
 
@@ -146,9 +150,10 @@ class Recorder:
     """Appends a round line per planning round to ``path``; not thread-safe (one loop)."""
 
     def __init__(self, path: Path, interval_s: float, started_at: float,
-                 max_bytes: int = 1 << 30) -> None:
+                 max_bytes: int = 1 << 30, target_utilization: float = 0.8) -> None:
         self.path = path
         self.interval_s = interval_s
+        self.target_utilization = target_utilization
         self.max_bytes = max_bytes
         self._file = self._open()
         self.last_round_at = -float("inf")  # a new manager: every sample it holds is new
@@ -201,7 +206,7 @@ class Recorder:
         self._described = dict(observation.policies)
         return RecordHeader(
             started_at=self.started_at, interval_s=self.interval_s,
-            queues=observation.policies,
+            target_utilization=self.target_utilization, queues=observation.policies,
             hosts={name: HeaderHost(slots=capacity)
                    for name, (capacity, alive) in observation.hosts.items() if alive},
         )
@@ -286,4 +291,5 @@ def recorder_for(settings: ManagerSettings, started_at: float) -> Recorder | Non
         return None
     logger.info("recording each planning round to %s", settings.record)
     return Recorder(settings.record, settings.interval_s, started_at,
-                    max_bytes=int(settings.record_max_mb * (1 << 20)))
+                    max_bytes=int(settings.record_max_mb * (1 << 20)),
+                    target_utilization=settings.target_utilization)

@@ -239,6 +239,7 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
     if not isinstance(first, RecordHeader):
         raise TraceError(f"{source}:1: a recording starts with a header")
     interval = first.interval_s
+    utilization = first.target_utilization
     policies: dict[str, QueuePolicy] = {}
     hosts: dict[str, HostSpec] = {}
     per_round: dict[str, list[int]] = {}
@@ -255,6 +256,7 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
         if isinstance(line, RecordHeader):
             # a restart: rounds go on from the new start; the gap between has no rounds
             index = max(index, round((line.started_at - first.started_at) / interval))
+            utilization = line.target_utilization  # one per trace: the last manager's
             _new_policies(line.queues, policies, per_round, means, index)
             _header_hosts(line, index * interval, hosts, alive, capacity, events)
             continue
@@ -283,6 +285,7 @@ def recording_to_trace(text: str, source: str = "recording") -> Trace:
               for name, policy in policies.items()}
     events.sort(key=lambda e: e.at_s)
     data = {"duration_s": max(1, index) * interval, "interval_s": interval,
+            "target_utilization": utilization,
             "first_round_s": interval,
             "hosts": hosts, "queues": queues, "events": events}
     return parse_trace(data, source)

@@ -22,6 +22,7 @@ from qcluster.manager.planning.recorder import (
     read_recording,
     recorder_for,
 )
+from qcluster.manager.simulator.trace import load_trace
 from tests.unit.test_manager_state import POLICIES, make_policy, report, state
 
 T0 = 1_700_000_000.0
@@ -150,6 +151,23 @@ def test_record_from_qcluster_toml(tmp_path: Path) -> None:
     assert recorder is not None and recorder.max_bytes == 5 << 20
     recorder.close()
     assert recorder_for(load_settings(None).manager, started_at=T0) is None
+
+
+def test_a_replay_plans_at_the_recorded_managers_target_utilization(tmp_path: Path) -> None:
+    config = tmp_path / "qcluster.toml"
+    config.write_text(f'[manager]\nrecord = "{tmp_path / "day.jsonl"}"\n'
+                      "target_utilization = 0.7\n")
+    recorder = recorder_for(load_settings(config).manager, started_at=T0)
+    assert recorder is not None
+    s = state()
+    s.receive(report("a", {"mail": 2}, processed=30, busy=1.5), now=T0 + 0.4)
+    s.set_stats({"mail": QueueStats(ready=100)})
+    s.plan_round(T0 + 1.0)
+    recorder.record(s, T0 + 1.0)
+    recorder.close()
+    header = next(read_recording(tmp_path / "day.jsonl"))
+    assert isinstance(header, RecordHeader) and header.target_utilization == 0.7
+    assert load_trace(tmp_path / "day.jsonl").target_utilization == 0.7
 
 
 @settings(max_examples=40, deadline=None)
