@@ -1,7 +1,9 @@
 """Reporting to the manager: a HostReport every few seconds, the reply is this host's row.
 
 Fail-static: when the manager cannot be reached the master keeps its last row and keeps
-processing; the outage is logged once, and its end once.
+processing; the outage is logged once, and its end once. A manager that answers again but
+refuses the reports (401: a token it does not take; 409: another broker) is a new reason,
+logged once with its hint.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class Reporter:
             self.headers["Authorization"] = f"Bearer {token}"
         self.generation = 0
         self.reachable = True
+        self.failing = ""
+        """Why the reports fail now (an HTTP status, or ``unreachable``); '' while they pass."""
         self.find_jobs: list[str] = []
         """The jobs the manager's last reply asked about: every report says which of them
         this host's slots hold."""
@@ -132,15 +136,21 @@ class Reporter:
             response.raise_for_status()
             assignment = Assignment.model_validate_json(response.content)
         except (httpx.HTTPError, ValueError) as exc:
-            if self.reachable:
-                logger.warning("manager %s unreachable (%s): keeping the last slot row%s",
-                               self.url, exc, _hint(exc))
+            # Logged once per reason: a manager restarted with a token the master lacks
+            # goes from "refused connection" to 401, which only the hint explains.
+            reason = _reason(exc)
+            if reason != self.failing:
+                what = "refused the report" if reason.isdigit() else "unreachable"
+                logger.warning("manager %s %s (%s): keeping the last slot row%s",
+                               self.url, what, exc, _hint(exc))
+            self.failing = reason
             self.reachable = False
             self._give_back(report)
             return
         if not self.reachable:
             logger.info("manager %s reachable again", self.url)
         self.reachable = True
+        self.failing = ""
         self.generation = assignment.generation
         self.interval_s = assignment.report_interval_s
         self.sup.set_row(assignment.row)
@@ -151,6 +161,12 @@ class Reporter:
     def _give_back(self, report: HostReport) -> None:
         """Counters of an undelivered report go into the next one."""
         self.sup.counters.give_back({q: c.counters for q, c in report.counters.items()})
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return str(exc.response.status_code)
+    return "unreachable"
 
 
 def _hint(exc: Exception) -> str:
