@@ -4,8 +4,11 @@ round prunes, and the FastAPI lifespan starts and stops the loop."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import cast
+
+import pytest
 
 from fastapi.testclient import TestClient
 
@@ -205,3 +208,36 @@ def test_with_no_queue_to_read_a_degraded_manager_pings_the_broker() -> None:
     broker.down = None
     manager.round()
     assert manager.health() == {"status": "ok"}
+
+
+def test_the_log_says_when_a_host_stops_reporting_and_when_it_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A master SIGKILLed: the page tags its host DEAD and the next round plans its slots
+    elsewhere, but the manager's log said nothing (an operator reading the journal saw only
+    the new plan's decisions). Now one line when a host starts, stops and starts again
+    reporting, not one per round."""
+    caplog.set_level(logging.INFO, logger="qcluster.manager.service")
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.receive(host_report("b", {"mail": 2}))
+    manager.round()
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "qcluster.manager.service"]
+
+    assert lines() == ["host a reporting (capacity 6 slots)",
+                       "host b reporting (capacity 6 slots)"]
+    for _ in range(10):  # b is silent: expired after a few report intervals
+        clock.now += 1
+        manager.receive(host_report("a", {"mail": 2}))
+        manager.round()
+    assert [line for line in lines()[2:]] == [
+        "host b stopped reporting (last report 6 s ago): its slots are planned on the other "
+        "hosts"]
+    manager.receive(host_report("b", {"mail": 0}))
+    clock.now += 1
+    manager.round()
+    manager.round()
+    assert lines()[3:] == ["host b reporting again (capacity 6 slots)"]
