@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-
 from fastapi.testclient import TestClient
 
 from qcluster.broker.base import Broker, DeadJob, QueueStats
