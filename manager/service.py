@@ -127,6 +127,14 @@ class ManagerService(RoundLoop):
         cannot store it (nothing changes then)."""
         return self.desk.set("pause", queue, by)
 
+    def known_names(self, kind: str) -> set[str]:
+        """The queues (``pause``) or hosts (``drain``) this manager has heard of since its
+        start: a control on another name is kept but changes nothing until one appears."""
+        with self.lock:
+            if kind == "drain":
+                return set(self.state.hosts)
+            return set(self.state.policies()) | set(self.state.stats)
+
     def resume(self, queue: str) -> None:
         self.desk.clear("pause", queue)
 

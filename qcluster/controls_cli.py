@@ -66,6 +66,7 @@ def pause(queue: QueueArg, manager: ManagerOpt = None, config: ConfigOpt = None)
     reply = _post(config, manager, f"/api/v1/queues/{_name(queue)}/pause")
     out.print(escape(f"queue {queue} paused by {reply.get('by')}: no slot from the "
                      "next planning round"), highlight=False)
+    _unknown(reply, f"no master has reported a queue named {queue!r}", f"resume {queue}")
 
 
 def resume(queue: QueueArg, manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
@@ -79,6 +80,7 @@ def drain(host: HostArg, manager: ManagerOpt = None, config: ConfigOpt = None) -
     reply = _post(config, manager, f"/api/v1/hosts/{_name(host)}/drain")
     out.print(escape(f"host {host} drained by {reply.get('by')}: its slots move to the "
                      "other hosts"), highlight=False)
+    _unknown(reply, f"no host named {host!r} has reported to this manager", f"undrain {host}")
 
 
 def undrain(host: HostArg, manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
@@ -179,6 +181,17 @@ def _current(config: Any, manager: str | None, rollout_id: str,
                                  " a rollout in progress is lost then): see the hosts' code "
                                  "on the admin page")
     return current
+
+
+def _unknown(reply: dict[str, Any], what: str, undo: str) -> None:
+    """A note when the manager has heard of no queue or host of that name (a typo pauses or
+    drains nothing): the control is kept and applies if one appears."""
+    if reply.get("known", True) is not False:
+        return
+    like = [str(name) for name in reply.get("like") or []]
+    guess = f" (did you mean {', '.join(like)}?)" if like else ""
+    err.print(escape(f"note: {what}{guess}: nothing changes until one does; "
+                     f"`qcluster {undo}` lifts it"), highlight=False, soft_wrap=True)
 
 
 def _since(at: Any) -> str:
