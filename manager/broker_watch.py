@@ -49,9 +49,10 @@ class BrokerWatch:
         self.undeclared = UndeclaredQueues(broker)
 
     def stats(self) -> dict[str, QueueStats]:
-        """Every known queue's stats; a failed read leaves the queue out."""
+        """Every known queue's stats (a queue no live host serves too: the page and /metrics
+        keep its backlog); a failed read leaves the queue out."""
         with self.lock:
-            queues = list(self.state.policies(self.clock()))
+            queues = list(self.state.policies())
         stats = {}
         with self.broker_lock:
             # One failed read makes the round's verdict: on a Redis Cluster the other

@@ -442,7 +442,9 @@ class ClusterState:
                 running[queue] = running.get(queue, 0) + slots
         cutoff = now - self.cfg.window_s
         queues = []
-        for name, policy in sorted(self.policies(now).items() if queues_too else ()):
+        # Every queue a master ever reported, not only those of the live hosts: when they
+        # all stop, the queue's backlog is what the operator most needs to see.
+        for name, policy in sorted(self.policies().items() if queues_too else ()):
             track = self.tracks.get(name, QueueTrack())
             queues.append(QueueSnapshot(
                 name=name, policy=policy, stats=self.stats.get(name, QueueStats()),

@@ -240,3 +240,25 @@ def test_the_log_says_when_a_host_stops_reporting_and_when_it_is_back(
     manager.round()
     manager.round()
     assert lines()[3:] == ["host b reporting again (capacity 6 slots)"]
+
+
+def test_a_queue_whose_hosts_all_stopped_keeps_its_row_and_its_backlog() -> None:
+    """Every master of a queue gone (a bad deploy crashed them, or the only host drained):
+    the queue left the API, the page ('No queue yet') and /metrics, and its backlog was no
+    longer read, so the very outage hid the backlog growing and its alert could not fire.
+    Now it keeps its row, read from the broker each round, with no slot planned."""
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.round()
+    for _ in range(10):  # a is silent: expired
+        clock.now += 1
+        manager.round()
+    assert {h.name: h.alive for h in manager.cluster_view().hosts} == {"a": False}
+    broker.ready["mail"] = 7000
+    clock.now += 1
+    manager.round()
+    rows = {q.name: q for q in manager.cluster_view().queues}
+    assert rows["mail"].backlog == 7000 and rows["mail"].slots_planned == 0
+    http = TestClient(create_app(manager), base_url="http://127.0.0.1")
+    assert 'qcluster_queue_backlog{queue="mail"} 7000.0' in http.get("/metrics").text
