@@ -142,7 +142,7 @@ class Reporter:
             if reason != self.failing:
                 what = "refused the report" if reason.isdigit() else "unreachable"
                 logger.warning("manager %s %s (%s): keeping the last slot row%s",
-                               self.url, what, exc, _hint(exc))
+                               self.url, what, _said(exc), _hint(exc))
             self.failing = reason
             self.reachable = False
             self._give_back(report)
@@ -167,6 +167,13 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, httpx.HTTPStatusError):
         return str(exc.response.status_code)
     return "unreachable"
+
+
+def _said(exc: Exception) -> str:
+    """The error in one line: httpx's text for a status adds a second line with a link."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{exc.response.status_code} {exc.response.reason_phrase}"
+    return str(exc)
 
 
 def _hint(exc: Exception) -> str:

@@ -70,7 +70,8 @@ def test_a_manager_back_with_a_token_the_master_lacks_is_logged_with_the_hint(
     report_through(reporter, [status(401, "a valid token is required")] * 3)
     logged = lines(caplog)
     assert len(logged) == 2, logged  # once per reason, not once per report
-    assert "401" in logged[1] and "set token / QCLUSTER_TOKEN" in logged[1]
+    assert "refused the report (401 Unauthorized)" in logged[1]
+    assert "set token / QCLUSTER_TOKEN" in logged[1] and "\n" not in logged[1]
 
 
 def test_a_manager_back_on_another_broker_is_logged_with_its_refusal(
