@@ -127,6 +127,15 @@ class ManagerService(RoundLoop):
         cannot store it (nothing changes then)."""
         return self.desk.set("pause", queue, by)
 
+    def leave(self, host: str) -> bool:
+        """A master that stopped cleanly: forget its host (False: not known)."""
+        with self.lock:
+            known = self.state.forget_host(host)
+            self.reporting.discard(host)
+        if known:
+            logger.info("host %s left: its master stopped", host)
+        return known
+
     def known_names(self, kind: str) -> set[str]:
         """The queues (``pause``) or hosts (``drain``) this manager has heard of since its
         start: a control on another name is kept but changes nothing until one appears."""

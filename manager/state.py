@@ -201,6 +201,13 @@ class ClusterState:
                           report_interval_s=self.cfg.interval_s,
                           reload_id=self.reloads.ids.get(report.host, ""))
 
+    def forget_host(self, host: str) -> bool:
+        """A host whose master left: out of the hosts and the slot map (the next round
+        plans without it). False: it was not known."""
+        if host in self.slot_map:  # replaced whole: a frozen copy may be reading it
+            self.slot_map = {name: row for name, row in self.slot_map.items() if name != host}
+        return self.hosts.pop(host, None) is not None
+
     def set_controls(self, controls: dict[str, Control]) -> None:
         """The controls read back from the broker replace the ones held (a second manager,
         or a restart, sees the same pauses and drains)."""

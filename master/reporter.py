@@ -109,6 +109,9 @@ class Reporter:
         this host's slots hold."""
         self._answer_now = False
         self._last_failure = ""
+        self._sending = threading.Lock()
+        """Held while a report is sent: no report is sent after the leave."""
+        self.left = False
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="master-reporter", daemon=True).start()
@@ -126,6 +129,27 @@ class Reporter:
                     self._last_failure = repr(exc)
 
     def report_once(self, client: httpx.Client) -> None:
+        with self._sending:
+            if not self.left:
+                self._report(client)
+
+    def leave(self, timeout_s: float = 2.0) -> None:
+        """Tell the manager this master stopped cleanly, so that its host goes from the view
+        instead of staying DEAD (and alerting) until the manager restarts. Best effort: a
+        manager that does not answer in time still sees the host expire."""
+        with self._sending:
+            self.left = True
+            base = self.url.removesuffix("/api/v1/reports")
+            url = f"{base}/api/v1/hosts/{self.sup.host_name}/leave"
+            try:
+                httpx.post(url, headers=self.headers, timeout=timeout_s).raise_for_status()
+            except httpx.HTTPError as exc:
+                logger.info("could not tell the manager this host leaves (%s): it will show "
+                            "it as not reporting", _said(exc))
+                return
+        logger.info("told the manager at %s that host %s leaves", url, self.sup.host_name)
+
+    def _report(self, client: httpx.Client) -> None:
         self._answer_now = False
         report = build_report(self.sup, self.interval_s, self.generation, self.cluster,
                               self.find_jobs)

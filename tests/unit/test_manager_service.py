@@ -262,3 +262,38 @@ def test_a_queue_whose_hosts_all_stopped_keeps_its_row_and_its_backlog() -> None
     assert rows["mail"].backlog == 7000 and rows["mail"].slots_planned == 0
     http = TestClient(create_app(manager), base_url="http://127.0.0.1")
     assert 'qcluster_queue_backlog{queue="mail"} 7000.0' in http.get("/metrics").text
+
+
+def test_a_master_that_stops_cleanly_leaves_instead_of_staying_dead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A host retired on purpose (its master stopped by systemctl stop, a scale-down) stayed
+    DEAD on the page and qcluster_host_up 0 for as long as the manager ran, so the critical
+    QclusterHostNotReporting alert fired until someone restarted the manager. A master's
+    clean stop now says so and its host goes at once; a report brings it back."""
+    caplog.set_level(logging.INFO, logger="qcluster.manager.service")
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.receive(host_report("b", {"mail": 2}))
+    manager.round()
+    http = TestClient(create_app(manager), base_url="http://127.0.0.1")
+    assert http.post("/api/v1/hosts/b/leave").status_code == 401  # a token is set
+    reply = http.post("/api/v1/hosts/b/leave", headers={"Authorization": "Bearer s3cret"})
+    assert reply.status_code == 200 and reply.json() == {"host": "b", "left": True}
+    for _ in range(10):
+        clock.now += 1
+        manager.receive(host_report("a", {"mail": 2}))
+        manager.round()
+    assert [h.name for h in manager.cluster_view().hosts] == ["a"]
+    assert "b" not in manager.state.slot_map
+    assert 'host="b"' not in http.get("/metrics").text
+    logged = [r.getMessage() for r in caplog.records if r.name == "qcluster.manager.service"]
+    assert "host b left: its master stopped" in logged
+    assert not any("stopped reporting" in line for line in logged)
+    manager.receive(host_report("b", {"mail": 0}))
+    clock.now += 1
+    manager.round()
+    assert {h.name: h.alive for h in manager.cluster_view().hosts} == {"a": True, "b": True}
+    again = http.post("/api/v1/hosts/c/leave", headers={"Authorization": "Bearer s3cret"})
+    assert again.json() == {"host": "c", "left": False}

@@ -95,3 +95,26 @@ def test_the_same_outage_is_logged_once(
                               status(401, "a valid token is required"),
                               status(401, "a valid token is required")])
     assert len(lines(caplog)) == 2
+
+
+def test_leaving_tells_the_manager_once_and_no_report_follows(reporter: Reporter,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              ) -> None:
+    """A clean stop says so (the manager then forgets the host instead of showing it DEAD);
+    a report the reporter thread sends after that would bring the host back."""
+    posted: list[tuple[str, str | None]] = []
+
+    def post(url: str, **kwargs: object) -> httpx.Response:
+        headers = kwargs.get("headers") or {}
+        assert isinstance(headers, dict)
+        posted.append((url, headers.get("Authorization")))
+        return httpx.Response(200, json={"left": True},
+                              request=httpx.Request("POST", url))
+
+    monkeypatch.setattr(httpx, "post", post)
+    reporter.headers["Authorization"] = "Bearer the-token"
+    reporter.leave()
+    assert posted == [("http://manager.test:7300/api/v1/hosts/host-a/leave", "Bearer the-token")]
+    sent: list[httpx.Request] = []
+    report_through(reporter, [lambda request: sent.append(request) or httpx.Response(500)])
+    assert sent == []
