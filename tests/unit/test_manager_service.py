@@ -16,6 +16,7 @@ from qcluster.errors import BrokerUnavailable
 from qcluster.manager.api.app import create_app
 from qcluster.manager.planning.recorder import Recorder
 from qcluster.manager.service import ManagerService
+from qcluster.policy import QueuePolicy
 from tests.unit.test_manager_state import report as host_report
 from tests.unit.test_manager_state import state
 
@@ -297,3 +298,54 @@ def test_a_master_that_stops_cleanly_leaves_instead_of_staying_dead(
     assert {h.name: h.alive for h in manager.cluster_view().hosts} == {"a": True, "b": True}
     again = http.post("/api/v1/hosts/c/leave", headers={"Authorization": "Bearer s3cret"})
     assert again.json() == {"host": "c", "left": False}
+
+
+def test_a_broker_down_costs_a_round_one_failed_read_not_one_per_queue() -> None:
+    """Each read of a broker that is down waits for its connection retries (3 to 6 s seen
+    on Redis and RabbitMQ). The round read every queue anyway, so with 150 queues a round
+    took many minutes, /healthz said ok until its end and the log named every queue in
+    turn. Now the first failure is in /healthz at once, and when the broker does not answer
+    a ping either the other queues are not read this round; a queue failing alone (a
+    Redis Cluster shard down) still leaves the others read."""
+    manager, broker, clock = service()
+    names = [f"q{n:03d}" for n in range(150)]
+    policies = {name: QueuePolicy.model_validate({}) for name in names}
+    manager.receive(host_report("a", {"q000": 1}, queues=policies))
+    manager.round()
+    assert broker.stats_calls == 150
+    broker.down = "Connection refused"
+    broker.stats_calls = 0
+    clock.now += 1
+    manager.round()
+    assert broker.stats_calls == 1
+    assert manager.health() == {"status": "degraded", "broker": "Connection refused"}
+
+
+def test_one_queue_failing_while_the_broker_answers_leaves_the_others_read() -> None:
+    manager, _, clock = service()
+    broker = ShardDown()
+    manager.broker = manager.watch.broker = cast(Broker, broker)
+    policies = {name: QueuePolicy.model_validate({}) for name in ("a1", "b2", "c3")}
+    manager.receive(host_report("a", {"a1": 1}, queues=policies))
+    manager.round()  # the first round's full broker check is done
+    broker.dead_shard = {"b2"}
+    broker.stats_calls = 0
+    clock.now += 1
+    manager.round()
+    assert broker.stats_calls == 3 and manager.health()["status"] == "degraded"
+    rows = {q.name: q for q in manager.cluster_view().queues}
+    assert rows["c3"].backlog == 7
+
+
+class ShardDown(FakeBroker):
+    """A broker whose queues in ``dead_shard`` fail while the rest (and a ping) answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dead_shard: set[str] = set()
+
+    def stats(self, queue: str) -> QueueStats:
+        self.stats_calls += 1
+        if queue in self.dead_shard:
+            raise BrokerUnavailable(f"the shard of {queue} is down")
+        return QueueStats(ready=7)
