@@ -80,7 +80,7 @@ def drain(host: HostArg, manager: ManagerOpt = None, config: ConfigOpt = None) -
     reply = _post(config, manager, f"/api/v1/hosts/{_name(host)}/drain")
     out.print(escape(f"host {host} drained by {reply.get('by')}: its slots move to the "
                      "other hosts"), highlight=False, soft_wrap=True)
-    _unknown(reply, f"no host named {host!r} has reported to this manager", f"undrain {host}")
+    _unknown(reply, f"no host named {host!r} reports to this manager", f"undrain {host}")
 
 
 def undrain(host: HostArg, manager: ManagerOpt = None, config: ConfigOpt = None) -> None:

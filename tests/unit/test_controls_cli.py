@@ -165,7 +165,7 @@ def test_a_control_on_a_name_no_master_reported_says_so(manager: Served) -> None
     assert "note: no master has reported a queue named 'mial' (did you mean mail?)" in output
     assert "qcluster resume mial" in output
     code, output = run("drain", "host-aa", "--manager", manager.url)
-    assert code == 0 and "no host named 'host-aa' has reported" in output, output
+    assert code == 0 and "no host named 'host-aa' reports to this manager" in output, output
     assert "did you mean host-a?" in output
     for args in (("pause", "mail"), ("drain", "host-a")):
         code, output = run(*args, "--manager", manager.url)
