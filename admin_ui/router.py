@@ -37,6 +37,7 @@ from qcluster.admin_ui.views import (
     host_rows,
     matching,
     mib,
+    running_total,
     sort_queues,
     state_counts,
 )
@@ -111,7 +112,8 @@ def _overview_route(router: APIRouter, source: ClusterSource) -> None:
             queues_shown=queues if all else queues[:QUEUES_SHOWN], show_all=all,
             decisions=view.decisions[:DECISIONS_SHOWN],
             rows=[r for r in rows if r.host.name in hosts],
-            host_states=state_counts(rows), grid=len(queue_names) <= GRID_MAX_QUEUES,
+            host_states=state_counts(rows), slots_running=running_total(rows),
+            grid=len(queue_names) <= GRID_MAX_QUEUES,
             cells_shown=CELLS_SHOWN, grid_max=GRID_MAX_QUEUES,
             now=view.generated_at or time.time(), controls=controls,
             periodic=_periodic_jobs(source), broker=_broker_nodes(source),

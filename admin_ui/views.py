@@ -102,6 +102,10 @@ class HostRow:
 
     @property
     def converging(self) -> int:
+        """Queues whose running slots differ from the plan; none on a dead host, whose
+        slots are its last report's and are planned elsewhere, not catching up."""
+        if self.state == "dead":
+            return 0
         return sum(cell.converging for cell in self.cells)
 
     def cell(self, queue: str) -> Cell:
@@ -138,6 +142,11 @@ def host_rows(hosts: list[HostView], drained: set[str] | dict[str, Any]) -> list
         rows.append(HostRow(host, host_state(host, host.name in drained, cells),
                             sum(host.planned.values()), sum(host.slots.values()), cells))
     return sorted(rows, key=lambda r: (HOST_ORDER[r.state], r.host.name))
+
+
+def running_total(rows: list[HostRow]) -> int:
+    """The slots running now: a dead host's are only what it last reported."""
+    return sum(row.running for row in rows if row.state != "dead")
 
 
 def matching(names: list[str], text: str) -> list[str]:

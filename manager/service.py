@@ -7,6 +7,7 @@ Started and stopped by the FastAPI lifespan (``create_app``).
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from qcluster.manager.job_reads import JobReads, JobReadsBusy
 from qcluster.manager.planning.periodic import PeriodicJobView
 from qcluster.manager.planning.recorder import Recorder
 from qcluster.manager.planning.round_loop import STOP_WAIT_S, RoundLoop
+from qcluster.manager.planning.rounds import RoundResult
 from qcluster.manager.reloads.driver import ReloadRefused
 from qcluster.manager.state import ClusterState
 from qcluster.manager.views import QueueRows, cluster_view, queue_rows_key, queue_views
@@ -33,6 +35,8 @@ from qcluster.messages import (
     HistoryPoint,
     HostReport,
 )
+
+logger = logging.getLogger(__name__)
 
 #: The longest a lookup waits for the masters' answers (two report intervals and a second
 #: otherwise): a client's request must not outlast its own timeout.
@@ -63,6 +67,31 @@ class ManagerService(RoundLoop):
         """Job lookups and pages: off ``broker_lock`` (manager/job_reads.py)."""
         self.holders = HeldLookup()
         """Jobs looked up that the broker cannot place, asked of the masters."""
+        self.reporting: set[str] = set()
+        """The hosts reporting at the last round: the log says when one stops or starts."""
+        self.ever_reported: set[str] = set()
+
+    def act(self, result: RoundResult) -> None:
+        super().act(result)
+        self.log_hosts(result.now)
+
+    def log_hosts(self, now: float) -> None:
+        """One line when a host starts, stops or starts again reporting: a master killed
+        (SIGKILL, a host lost) otherwise leaves nothing in the manager's log but the
+        decisions that move its slots."""
+        with self.lock:
+            reporting = self.state.reporting_hosts(now)
+            last = {name: (entry.received_at, entry.report.capacity_slots)
+                    for name, entry in self.state.hosts.items()}
+        for name in sorted(reporting.keys() - self.reporting):
+            again = " again" if name in self.ever_reported else ""
+            logger.info("host %s reporting%s (capacity %d slots)", name, again, last[name][1])
+        for name in sorted(self.reporting - reporting.keys()):
+            if name in last:
+                logger.warning("host %s stopped reporting (last report %.0f s ago): its slots "
+                               "are planned on the other hosts", name, now - last[name][0])
+        self.reporting = set(reporting)
+        self.ever_reported |= self.reporting
 
     # --- commands: the routes' and the masters' ------------------------------------
 
@@ -97,6 +126,23 @@ class ManagerService(RoundLoop):
         the broker, so a restarted manager keeps it. Raises BrokerError when the broker
         cannot store it (nothing changes then)."""
         return self.desk.set("pause", queue, by)
+
+    def leave(self, host: str) -> bool:
+        """A master that stopped cleanly: forget its host (False: not known)."""
+        with self.lock:
+            known = self.state.forget_host(host)
+            self.reporting.discard(host)
+        if known:
+            logger.info("host %s left: its master stopped", host)
+        return known
+
+    def known_names(self, kind: str) -> set[str]:
+        """The queues (``pause``) or hosts (``drain``) this manager has heard of since its
+        start: a control on another name is kept but changes nothing until one appears."""
+        with self.lock:
+            if kind == "drain":
+                return set(self.state.hosts)
+            return set(self.state.policies()) | set(self.state.stats)
 
     def resume(self, queue: str) -> None:
         self.desk.clear("pause", queue)

@@ -201,6 +201,13 @@ class ClusterState:
                           report_interval_s=self.cfg.interval_s,
                           reload_id=self.reloads.ids.get(report.host, ""))
 
+    def forget_host(self, host: str) -> bool:
+        """A host whose master left: out of the hosts and the slot map (the next round
+        plans without it). False: it was not known."""
+        if host in self.slot_map:  # replaced whole: a frozen copy may be reading it
+            self.slot_map = {name: row for name, row in self.slot_map.items() if name != host}
+        return self.hosts.pop(host, None) is not None
+
     def set_controls(self, controls: dict[str, Control]) -> None:
         """The controls read back from the broker replace the ones held (a second manager,
         or a restart, sees the same pauses and drains)."""
@@ -442,7 +449,9 @@ class ClusterState:
                 running[queue] = running.get(queue, 0) + slots
         cutoff = now - self.cfg.window_s
         queues = []
-        for name, policy in sorted(self.policies(now).items() if queues_too else ()):
+        # Every queue a master ever reported, not only those of the live hosts: when they
+        # all stop, the queue's backlog is what the operator most needs to see.
+        for name, policy in sorted(self.policies().items() if queues_too else ()):
             track = self.tracks.get(name, QueueTrack())
             queues.append(QueueSnapshot(
                 name=name, policy=policy, stats=self.stats.get(name, QueueStats()),

@@ -68,7 +68,7 @@ def queue_rows_key(state: ClusterState, now: float) -> Hashable:
     (nothing is cached until the manager plans)."""
     if not state.rounds:
         return None
-    return (state.rounds, frozenset(state.paused), frozenset(state.policies(now)))
+    return (state.rounds, frozenset(state.paused), frozenset(state.policies()))
 
 
 def queue_view(queue: QueueSnapshot, now: float) -> QueueView:

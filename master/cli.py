@@ -233,9 +233,12 @@ def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None,
     logger.info("master %s: http://%s/metrics, queues %s, version %s", supervisor.host_name,
                 listen, ", ".join(sorted(supervisor.app.queues)),
                 supervisor.reload.code.serving.version)
+    reporter = None
     if manager_url:
-        Reporter(supervisor, manager_url, supervisor.settings.master.report_interval_s,
-                 token=supervisor.settings.token, cluster=cluster).start()
+        reporter = Reporter(supervisor, manager_url,
+                            supervisor.settings.master.report_interval_s,
+                            token=supervisor.settings.token, cluster=cluster)
+        reporter.start()
     # Everything imported so far is shared copy-on-write by every slot: keep the GC from
     # touching (and so copying) those objects' pages in the slots. No full collection
     # right before (the garbage was collected in _prepare): finding none, it still empties
@@ -244,6 +247,9 @@ def _run(supervisor: Supervisor, listen: ListenAddress, manager_url: str | None,
     # slot's Private_Dirty).
     gc.freeze()
     try:
-        return supervisor.run()
+        code = supervisor.run()
     finally:
         server.shutdown()
+    if reporter is not None:  # stopped cleanly, every slot ended: not a lost host
+        reporter.leave()
+    return code

@@ -1,7 +1,9 @@
 """Reporting to the manager: a HostReport every few seconds, the reply is this host's row.
 
 Fail-static: when the manager cannot be reached the master keeps its last row and keeps
-processing; the outage is logged once, and its end once.
+processing; the outage is logged once, and its end once. A manager that answers again but
+refuses the reports (401: a token it does not take; 409: another broker) is a new reason,
+logged once with its hint.
 """
 
 from __future__ import annotations
@@ -100,11 +102,16 @@ class Reporter:
             self.headers["Authorization"] = f"Bearer {token}"
         self.generation = 0
         self.reachable = True
+        self.failing = ""
+        """Why the reports fail now (an HTTP status, or ``unreachable``); '' while they pass."""
         self.find_jobs: list[str] = []
         """The jobs the manager's last reply asked about: every report says which of them
         this host's slots hold."""
         self._answer_now = False
         self._last_failure = ""
+        self._sending = threading.Lock()
+        """Held while a report is sent: no report is sent after the leave."""
+        self.left = False
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="master-reporter", daemon=True).start()
@@ -122,6 +129,27 @@ class Reporter:
                     self._last_failure = repr(exc)
 
     def report_once(self, client: httpx.Client) -> None:
+        with self._sending:
+            if not self.left:
+                self._report(client)
+
+    def leave(self, timeout_s: float = 2.0) -> None:
+        """Tell the manager this master stopped cleanly, so that its host goes from the view
+        instead of staying DEAD (and alerting) until the manager restarts. Best effort: a
+        manager that does not answer in time still sees the host expire."""
+        with self._sending:
+            self.left = True
+            base = self.url.removesuffix("/api/v1/reports")
+            url = f"{base}/api/v1/hosts/{self.sup.host_name}/leave"
+            try:
+                httpx.post(url, headers=self.headers, timeout=timeout_s).raise_for_status()
+            except httpx.HTTPError as exc:
+                logger.info("could not tell the manager this host leaves (%s): it will show "
+                            "it as not reporting", _said(exc))
+                return
+        logger.info("told the manager at %s that host %s leaves", url, self.sup.host_name)
+
+    def _report(self, client: httpx.Client) -> None:
         self._answer_now = False
         report = build_report(self.sup, self.interval_s, self.generation, self.cluster,
                               self.find_jobs)
@@ -132,15 +160,21 @@ class Reporter:
             response.raise_for_status()
             assignment = Assignment.model_validate_json(response.content)
         except (httpx.HTTPError, ValueError) as exc:
-            if self.reachable:
-                logger.warning("manager %s unreachable (%s): keeping the last slot row%s",
-                               self.url, exc, _hint(exc))
+            # Logged once per reason: a manager restarted with a token the master lacks
+            # goes from "refused connection" to 401, which only the hint explains.
+            reason = _reason(exc)
+            if reason != self.failing:
+                what = "refused the report" if reason.isdigit() else "unreachable"
+                logger.warning("manager %s %s (%s): keeping the last slot row%s",
+                               self.url, what, _said(exc), _hint(exc))
+            self.failing = reason
             self.reachable = False
             self._give_back(report)
             return
         if not self.reachable:
             logger.info("manager %s reachable again", self.url)
         self.reachable = True
+        self.failing = ""
         self.generation = assignment.generation
         self.interval_s = assignment.report_interval_s
         self.sup.set_row(assignment.row)
@@ -151,6 +185,19 @@ class Reporter:
     def _give_back(self, report: HostReport) -> None:
         """Counters of an undelivered report go into the next one."""
         self.sup.counters.give_back({q: c.counters for q, c in report.counters.items()})
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return str(exc.response.status_code)
+    return "unreachable"
+
+
+def _said(exc: Exception) -> str:
+    """The error in one line: httpx's text for a status adds a second line with a link."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{exc.response.status_code} {exc.response.reason_phrase}"
+    return str(exc)
 
 
 def _hint(exc: Exception) -> str:

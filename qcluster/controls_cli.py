@@ -65,26 +65,28 @@ def pause(queue: QueueArg, manager: ManagerOpt = None, config: ConfigOpt = None)
     """Plan no slot for QUEUE until it is resumed (kept across manager restarts)."""
     reply = _post(config, manager, f"/api/v1/queues/{_name(queue)}/pause")
     out.print(escape(f"queue {queue} paused by {reply.get('by')}: no slot from the "
-                     "next planning round"), highlight=False)
+                     "next planning round"), highlight=False, soft_wrap=True)
+    _unknown(reply, f"no master has reported a queue named {queue!r}", f"resume {queue}")
 
 
 def resume(queue: QueueArg, manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
     """Plan slots for QUEUE again."""
     _post(config, manager, f"/api/v1/queues/{_name(queue)}/resume")
-    out.print(escape(f"queue {queue} resumed"), highlight=False)
+    out.print(escape(f"queue {queue} resumed"), highlight=False, soft_wrap=True)
 
 
 def drain(host: HostArg, manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
     """Plan no slot on HOST (its slots move to the others) until it is undrained."""
     reply = _post(config, manager, f"/api/v1/hosts/{_name(host)}/drain")
     out.print(escape(f"host {host} drained by {reply.get('by')}: its slots move to the "
-                     "other hosts"), highlight=False)
+                     "other hosts"), highlight=False, soft_wrap=True)
+    _unknown(reply, f"no host named {host!r} reports to this manager", f"undrain {host}")
 
 
 def undrain(host: HostArg, manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
     """Plan slots on HOST again."""
     _post(config, manager, f"/api/v1/hosts/{_name(host)}/undrain")
-    out.print(escape(f"host {host} undrained"), highlight=False)
+    out.print(escape(f"host {host} undrained"), highlight=False, soft_wrap=True)
 
 
 def login(manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
@@ -132,9 +134,10 @@ def reload(
     hosts = [str(step["host"]) for step in rollout.get("hosts", [])]
     out.print(escape(f"reload {rollout.get('id')} asked by {rollout.get('by')}: "
                      + (f"{', '.join(hosts)}, one at a time" if host is None else host)),
-              highlight=False)
+              highlight=False, soft_wrap=True)
     if not wait:
-        out.print("follow it on the admin page or at GET /api/v1/reload", highlight=False)
+        out.print("follow it on the admin page or at GET /api/v1/reload", highlight=False,
+                  soft_wrap=True)
         return
     _follow(config, manager, rollout, timeout)
 
@@ -149,7 +152,7 @@ def _follow(config: Any, manager: str | None, rollout: dict[str, Any], timeout: 
             if shown.get(step["host"]) != now and now[0] != "waiting":
                 shown[step["host"]] = now
                 out.print(escape(f"{step['host']}: {now[0]}" + (f", {now[1]}" if now[1] else "")),
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
         if rollout.get("state") != "running":
             break
         if time.monotonic() > deadline:
@@ -162,7 +165,7 @@ def _follow(config: Any, manager: str | None, rollout: dict[str, Any], timeout: 
         _fail(RELOAD_FAILED, note)
     if any(step.get("state") != "took" for step in rollout.get("hosts", [])):
         _fail(RELOAD_INCOMPLETE, note)
-    out.print(escape(note), highlight=False)
+    out.print(escape(note), highlight=False, soft_wrap=True)
 
 
 def _current(config: Any, manager: str | None, rollout_id: str,
@@ -179,6 +182,17 @@ def _current(config: Any, manager: str | None, rollout_id: str,
                                  " a rollout in progress is lost then): see the hosts' code "
                                  "on the admin page")
     return current
+
+
+def _unknown(reply: dict[str, Any], what: str, undo: str) -> None:
+    """A note when the manager has heard of no queue or host of that name (a typo pauses or
+    drains nothing): the control is kept and applies if one appears."""
+    if reply.get("known", True) is not False:
+        return
+    like = [str(name) for name in reply.get("like") or []]
+    guess = f" (did you mean {', '.join(like)}?)" if like else ""
+    err.print(escape(f"note: {what}{guess}: nothing changes until one does; "
+                     f"`qcluster {undo}` lifts it"), highlight=False, soft_wrap=True)
 
 
 def _since(at: Any) -> str:

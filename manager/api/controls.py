@@ -3,11 +3,13 @@ the broker; 503 when it did not store the change), and requeue a queue's dead jo
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from fastapi import APIRouter, Depends
 
 from qcluster.manager.api.deps import GUARDED, NamePath, ServiceDep, actor, stored
+from qcluster.manager.service import ManagerService
 
 router = APIRouter(tags=["control"])
 
@@ -23,7 +25,8 @@ def pause(queue: NamePath, service: ServiceDep, by: str = Depends(actor)) -> dic
     """Plan no slot for the queue until it is resumed (kept in the broker: a restarted
     manager keeps it)."""
     control = stored(lambda: service.pause(queue, by))
-    return {"queue": queue, "paused": True, "by": control.by, "at": control.at}
+    return {"queue": queue, "paused": True, "by": control.by, "at": control.at,
+            **_known(service, "pause", queue)}
 
 
 @router.post("/api/v1/queues/{queue}/resume", dependencies=GUARDED)
@@ -42,10 +45,20 @@ def drain(host: NamePath, service: ServiceDep, by: str = Depends(actor)) -> dict
     """Plan no slot on the host (its slots move to the others) until it is undrained
     (kept in the broker: a restarted manager keeps it)."""
     control = stored(lambda: service.drain(host, by))
-    return {"host": host, "drained": True, "by": control.by, "at": control.at}
+    return {"host": host, "drained": True, "by": control.by, "at": control.at,
+            **_known(service, "drain", host)}
 
 
 @router.post("/api/v1/hosts/{host}/undrain", dependencies=GUARDED)
 def undrain(host: NamePath, service: ServiceDep) -> dict[str, Any]:
     stored(lambda: service.undrain(host))
     return {"host": host, "drained": False}
+
+
+def _known(service: ManagerService, kind: str, name: str) -> dict[str, Any]:
+    """Whether a master has reported the name, and the closest names that were: a typo
+    (``mial``) is stored and shown as done, but pauses or drains nothing."""
+    names = service.known_names(kind)
+    if name in names:
+        return {"known": True, "like": []}
+    return {"known": False, "like": difflib.get_close_matches(name, sorted(names), n=3)}

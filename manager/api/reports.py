@@ -1,4 +1,5 @@
 """``POST /api/v1/reports``: a master's report, answered with its row of the slot map.
+``POST /api/v1/hosts/{host}/leave``: a master that stops cleanly says so.
 ``GET /api/v1/identity``: the cluster identity of the manager's broker
 (qcluster.cluster_identity)."""
 
@@ -13,7 +14,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from qcluster.cluster_identity import mismatch
-from qcluster.manager.api.deps import ServiceDep, reporter_authorised
+from qcluster.manager.api.deps import NamePath, ServiceDep, reporter_authorised
 from qcluster.manager.api.report_body import ReportReader
 from qcluster.messages import Assignment, HostReport
 
@@ -85,6 +86,15 @@ async def _quick_reply(request: Request, reader: ReportReader) -> Response | Non
 router.add_api_route(REPORTS_PATH, report, methods=["POST"],
                      dependencies=[Depends(reporter_authorised)],
                      route_class_override=ReportRoute)
+
+
+@router.post("/api/v1/hosts/{host}/leave", dependencies=[Depends(reporter_authorised)])
+def leave(host: NamePath, service: ServiceDep) -> dict[str, Any]:
+    """A master stopping cleanly (SIGTERM, ``systemctl stop``, a scale-down) leaves the
+    cluster: its host goes from the view and ``/metrics`` at once instead of staying DEAD,
+    ``qcluster_host_up`` 0, for as long as the manager runs. Its next report, if it starts
+    again, brings it back. ``left``: whether the host was known."""
+    return {"host": host, "left": service.leave(host)}
 
 
 @router.get("/api/v1/identity")

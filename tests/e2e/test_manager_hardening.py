@@ -110,3 +110,37 @@ def test_a_master_without_the_token_is_not_heard(procs: Procs, redis_url: str) -
     assert httpx.post(f"http://127.0.0.1:{master_port}/api/v1/slots").status_code == 405
     assert httpx.get(f"http://127.0.0.1:{master_port}/api/v1/slots",
                      headers={"Host": "evil.example"}).status_code == 400
+
+
+def test_a_master_stopped_cleanly_leaves_and_a_killed_one_stays_dead(
+    procs: Procs, redis_url: str,
+) -> None:
+    """A host retired on purpose stayed DEAD (qcluster_host_up 0, the critical
+    QclusterHostNotReporting alert) for as long as the manager ran; now a SIGTERM-stopped
+    master leaves at once, and only a master that died without a clean stop is DEAD."""
+    port = free_port()
+    procs.env["QCLUSTER_TOKEN"] = TOKEN
+    procs.start("manager", "manager", "--broker", redis_url, "--listen", f"127.0.0.1:{port}",
+                "--interval", "0.5")
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
+    masters = {}
+    for name in ("kept", "stopped", "killed"):
+        procs.env["QCLUSTER_METRICS_DIR"] = str(procs.workdir / f"metrics-{name}")
+        masters[name] = procs.start(f"master-{name}", "master", "--app", APP, "--broker",
+                                    redis_url, "--manager", f"http://127.0.0.1:{port}",
+                                    "--host-name", name, "--listen", f"127.0.0.1:{free_port()}")
+
+    def hosts() -> dict[str, bool]:
+        view = try_json(port, "/api/v1/cluster") or {"hosts": []}
+        return {h["name"]: h["alive"] for h in view["hosts"]}
+
+    wait_until(lambda: hosts() == {"kept": True, "stopped": True, "killed": True},
+               timeout_s=90, message="three hosts reporting")
+    masters["stopped"].terminate()
+    masters["killed"].kill()
+    assert masters["stopped"].wait(60) == 0
+    wait_until(lambda: hosts() == {"kept": True, "killed": False}, timeout_s=60,
+               message="the stopped host gone, the killed one dead")
+    assert "host stopped left: its master stopped" in procs.log("manager")
+    wait_until(lambda: "host killed stopped reporting" in procs.log("manager"), timeout_s=30,
+               message="the manager logs the killed host's silence")

@@ -196,3 +196,18 @@ def test_durability_notes_are_escaped(client: tuple[TestClient, FakeSource]) -> 
     source.durability = ["<b>snapshots</b> only"]
     page = http.get("/").text
     assert "&lt;b&gt;snapshots&lt;/b&gt; only" in page and "<b>snapshots</b>" not in page
+
+
+def test_a_dead_hosts_last_slots_are_not_counted_as_running(
+    client: tuple[TestClient, FakeSource],
+) -> None:
+    """host-b stopped reporting with 2 mail slots and the manager planned them elsewhere:
+    the heading counted them as running (5 running where 3 ran, beside a queue table whose
+    slots add up to 3) and tagged the dead host '1 converging', as if it were catching up."""
+    http, _ = client
+    page = http.get("/").text
+    heading = page[page.index("<h2>Slot map"):page.index("</h2>", page.index("<h2>Slot map"))]
+    assert "3 running / 3 planned" in heading
+    dead_row = page[page.index('data-host="host-b"'):]
+    dead_row = dead_row[:dead_row.index("</tr>")]
+    assert "DEAD" in dead_row and "converging" not in dead_row

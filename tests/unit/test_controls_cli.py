@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import pytest
 import uvicorn
 from typer.testing import CliRunner
@@ -24,6 +25,7 @@ from qcluster.manager.controls.store import ControlStore
 from qcluster.manager.service import ManagerService
 from qcluster.manager.state import ClusterState
 from tests.conftest import free_port, wait_until
+from tests.unit.test_manager_state import report as host_report
 
 TOKEN = "unit-controls-3f8a1c5e7b9d2a4c"
 OPS_TOKEN = "unit-controls-ops-9d2b4f6a8c1e3a5b"
@@ -150,3 +152,27 @@ def test_a_stored_control_with_an_impossible_time_is_skipped(manager: Served,
     finally:
         raw.hdel(CONTROLS_KEY, *bad)
         raw.close()
+
+
+def test_a_control_on_a_name_no_master_reported_says_so(manager: Served) -> None:
+    """`qcluster pause mial` (a typo for mail) answered 'queue mial paused ... no slot from
+    the next planning round' and exited 0: the operator believed mail paused while its
+    slots went on. The control is still kept (it may be set ahead of a deploy), with a note
+    naming the closest known names; a known name gets no note."""
+    manager.service.receive(host_report("host-a", {"mail": 1}))
+    code, output = run("pause", "mial", "--manager", manager.url)
+    assert code == 0 and "queue mial paused by token" in output, output
+    assert "note: no master has reported a queue named 'mial' (did you mean mail?)" in output
+    assert "qcluster resume mial" in output
+    code, output = run("drain", "host-aa", "--manager", manager.url)
+    assert code == 0 and "no host named 'host-aa' reports to this manager" in output, output
+    assert "did you mean host-a?" in output
+    for args in (("pause", "mail"), ("drain", "host-a")):
+        code, output = run(*args, "--manager", manager.url)
+        assert code == 0 and "note:" not in output, output
+    reply = httpx.post(f"{manager.url}/api/v1/queues/mial/pause",
+                       headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert reply["known"] is False and reply["like"] == ["mail"]
+    for args in (("resume", "mial"), ("resume", "mail"), ("undrain", "host-aa"),
+                 ("undrain", "host-a")):
+        assert run(*args, "--manager", manager.url)[0] == 0

@@ -185,3 +185,14 @@ def test_wait_says_so_when_the_manager_forgot_the_rollout(cluster: Cluster) -> N
         cluster.masters[0].hold = False
     assert code == RELOAD_INCOMPLETE, output
     assert "no longer knows reload r" in " ".join(output.split())
+
+
+def test_a_long_error_stays_on_its_line(cluster: Cluster) -> None:
+    """A failed host's error was wrapped at 80 columns inside its words when the output is
+    not a terminal (a CI log, a pipe to grep): 'No module \\nnamed ...'."""
+    error = ("AppImportError: cannot import app module 'opsapp': No module named "
+             "'nosuch_dependency_xyz' (a long line for any terminal)")
+    cluster.masters[0].error = error
+    code, output = run("reload", "--all", "--wait", "--manager", cluster.url)
+    assert code == RELOAD_FAILED, output
+    assert f"a: failed, {error}\n" in output

@@ -4,9 +4,11 @@ round prunes, and the FastAPI lifespan starts and stops the loop."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import cast
 
+import pytest
 from fastapi.testclient import TestClient
 
 from qcluster.broker.base import Broker, DeadJob, QueueStats
@@ -14,6 +16,7 @@ from qcluster.errors import BrokerUnavailable
 from qcluster.manager.api.app import create_app
 from qcluster.manager.planning.recorder import Recorder
 from qcluster.manager.service import ManagerService
+from qcluster.policy import QueuePolicy
 from tests.unit.test_manager_state import report as host_report
 from tests.unit.test_manager_state import state
 
@@ -205,3 +208,144 @@ def test_with_no_queue_to_read_a_degraded_manager_pings_the_broker() -> None:
     broker.down = None
     manager.round()
     assert manager.health() == {"status": "ok"}
+
+
+def test_the_log_says_when_a_host_stops_reporting_and_when_it_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A master SIGKILLed: the page tags its host DEAD and the next round plans its slots
+    elsewhere, but the manager's log said nothing (an operator reading the journal saw only
+    the new plan's decisions). Now one line when a host starts, stops and starts again
+    reporting, not one per round."""
+    caplog.set_level(logging.INFO, logger="qcluster.manager.service")
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.receive(host_report("b", {"mail": 2}))
+    manager.round()
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "qcluster.manager.service"]
+
+    assert lines() == ["host a reporting (capacity 6 slots)",
+                       "host b reporting (capacity 6 slots)"]
+    for _ in range(10):  # b is silent: expired after a few report intervals
+        clock.now += 1
+        manager.receive(host_report("a", {"mail": 2}))
+        manager.round()
+    assert [line for line in lines()[2:]] == [
+        "host b stopped reporting (last report 6 s ago): its slots are planned on the other "
+        "hosts"]
+    manager.receive(host_report("b", {"mail": 0}))
+    clock.now += 1
+    manager.round()
+    manager.round()
+    assert lines()[3:] == ["host b reporting again (capacity 6 slots)"]
+
+
+def test_a_queue_whose_hosts_all_stopped_keeps_its_row_and_its_backlog() -> None:
+    """Every master of a queue gone (a bad deploy crashed them, or the only host drained):
+    the queue left the API, the page ('No queue yet') and /metrics, and its backlog was no
+    longer read, so the very outage hid the backlog growing and its alert could not fire.
+    Now it keeps its row, read from the broker each round, with no slot planned."""
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.round()
+    for _ in range(10):  # a is silent: expired
+        clock.now += 1
+        manager.round()
+    assert {h.name: h.alive for h in manager.cluster_view().hosts} == {"a": False}
+    broker.ready["mail"] = 7000
+    clock.now += 1
+    manager.round()
+    rows = {q.name: q for q in manager.cluster_view().queues}
+    assert rows["mail"].backlog == 7000 and rows["mail"].slots_planned == 0
+    http = TestClient(create_app(manager), base_url="http://127.0.0.1")
+    assert 'qcluster_queue_backlog{queue="mail"} 7000.0' in http.get("/metrics").text
+
+
+def test_a_master_that_stops_cleanly_leaves_instead_of_staying_dead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A host retired on purpose (its master stopped by systemctl stop, a scale-down) stayed
+    DEAD on the page and qcluster_host_up 0 for as long as the manager ran, so the critical
+    QclusterHostNotReporting alert fired until someone restarted the manager. A master's
+    clean stop now says so and its host goes at once; a report brings it back."""
+    caplog.set_level(logging.INFO, logger="qcluster.manager.service")
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.receive(host_report("b", {"mail": 2}))
+    manager.round()
+    http = TestClient(create_app(manager), base_url="http://127.0.0.1")
+    assert http.post("/api/v1/hosts/b/leave").status_code == 401  # a token is set
+    reply = http.post("/api/v1/hosts/b/leave", headers={"Authorization": "Bearer s3cret"})
+    assert reply.status_code == 200 and reply.json() == {"host": "b", "left": True}
+    for _ in range(10):
+        clock.now += 1
+        manager.receive(host_report("a", {"mail": 2}))
+        manager.round()
+    assert [h.name for h in manager.cluster_view().hosts] == ["a"]
+    assert "b" not in manager.state.slot_map
+    assert 'host="b"' not in http.get("/metrics").text
+    logged = [r.getMessage() for r in caplog.records if r.name == "qcluster.manager.service"]
+    assert "host b left: its master stopped" in logged
+    assert not any("stopped reporting" in line for line in logged)
+    manager.receive(host_report("b", {"mail": 0}))
+    clock.now += 1
+    manager.round()
+    assert {h.name: h.alive for h in manager.cluster_view().hosts} == {"a": True, "b": True}
+    again = http.post("/api/v1/hosts/c/leave", headers={"Authorization": "Bearer s3cret"})
+    assert again.json() == {"host": "c", "left": False}
+
+
+def test_a_broker_down_costs_a_round_one_failed_read_not_one_per_queue() -> None:
+    """Each read of a broker that is down waits for its connection retries (3 to 6 s seen
+    on Redis and RabbitMQ). The round read every queue anyway, so with 150 queues a round
+    took many minutes, /healthz said ok until its end and the log named every queue in
+    turn. Now the first failure is in /healthz at once, and when the broker does not answer
+    a ping either the other queues are not read this round; a queue failing alone (a
+    Redis Cluster shard down) still leaves the others read."""
+    manager, broker, clock = service()
+    names = [f"q{n:03d}" for n in range(150)]
+    policies = {name: QueuePolicy.model_validate({}) for name in names}
+    manager.receive(host_report("a", {"q000": 1}, queues=policies))
+    manager.round()
+    assert broker.stats_calls == 150
+    broker.down = "Connection refused"
+    broker.stats_calls = 0
+    clock.now += 1
+    manager.round()
+    assert broker.stats_calls == 1
+    assert manager.health() == {"status": "degraded", "broker": "Connection refused"}
+
+
+def test_one_queue_failing_while_the_broker_answers_leaves_the_others_read() -> None:
+    manager, _, clock = service()
+    broker = ShardDown()
+    manager.broker = manager.watch.broker = cast(Broker, broker)
+    policies = {name: QueuePolicy.model_validate({}) for name in ("a1", "b2", "c3")}
+    manager.receive(host_report("a", {"a1": 1}, queues=policies))
+    manager.round()  # the first round's full broker check is done
+    broker.dead_shard = {"b2"}
+    broker.stats_calls = 0
+    clock.now += 1
+    manager.round()
+    assert broker.stats_calls == 3 and manager.health()["status"] == "degraded"
+    rows = {q.name: q for q in manager.cluster_view().queues}
+    assert rows["c3"].backlog == 7
+
+
+class ShardDown(FakeBroker):
+    """A broker whose queues in ``dead_shard`` fail while the rest (and a ping) answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dead_shard: set[str] = set()
+
+    def stats(self, queue: str) -> QueueStats:
+        self.stats_calls += 1
+        if queue in self.dead_shard:
+            raise BrokerUnavailable(f"the shard of {queue} is down")
+        return QueueStats(ready=7)
