@@ -113,6 +113,7 @@ class App:
 
         def bind(handler: BatchHandler) -> BatchHandler:
             is_async = _is_async(name, handler)
+            _check_call(name, handler, per_job=False)
             self._add(_with_policy(QueueSpec(name, handler, queue_policy, is_async)))
             return handler
 
@@ -133,7 +134,9 @@ class App:
         """
 
         def bind(handler: Callable[[Job], Any]) -> Callable[[Job], Any]:
-            if _is_async(name, handler):
+            is_async = _is_async(name, handler)
+            _check_call(name, handler, per_job=True)
+            if is_async:
                 queue_policy = _checked_policy(name, policy)
                 self._add(_with_policy(QueueSpec(
                     name, _each_concurrently(handler, None), queue_policy, is_async=True,
@@ -286,6 +289,53 @@ def _is_async(queue: str, handler: Callable[..., Any]) -> bool:
             f"queue {queue!r}: handler {name} is an async generator (it yields); a handler "
             "must do its work and return (write an async def without yield)")
     return any(inspect.iscoroutinefunction(f) for f in candidates)
+
+
+def _check_call(queue: str, handler: Callable[..., Any], *, per_job: bool) -> None:
+    """Refuse at import a handler the slot cannot call as declared: the slot passes one
+    argument (the batch's list of jobs, or one job with ``job_queue``), and a handler that
+    cannot take it, or whose annotation says the other form, would fail every job until
+    its attempts ran out and it was dead-lettered."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # some builtins and C callables: nothing to read
+        return
+    name = getattr(handler, "__name__", type(handler).__name__)
+    decorator, given = ("job_queue", "one job") if per_job else ("queue", "a list of jobs")
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        raise ConfigError(
+            f"queue {queue!r}: handler {name}{signature} cannot be called with {given}, "
+            f"as @app.{decorator} calls it ({exc}): declare it as def {name}("
+            f"{'job' if per_job else 'jobs'})") from None
+    first = next(iter(signature.parameters.values()), None)
+    if first is None or first.kind is first.VAR_POSITIONAL:
+        return
+    annotated = _annotation_text(first.annotation)
+    wants_one = annotated in ("Job", "qcluster.Job", "qcluster.job.Job")
+    wants_list = annotated.startswith(("list[", "List[", "typing.List[", "Sequence[",
+                                       "collections.abc.Sequence["))
+    if (wants_one and not per_job) or (wants_list and per_job):
+        other = "app.queue (a list of jobs per call)" if per_job else \
+            "app.job_queue (one job per call)"
+        raise ConfigError(
+            f"queue {queue!r}: handler {name} takes {first.name}: {annotated}, but "
+            f"@app.{decorator} calls it with {given}: use @{other}")
+
+
+def _annotation_text(annotation: Any) -> str:
+    """An annotation as written (``from __future__ import annotations`` keeps it a
+    string), without whitespace or quotes; '' when there is none."""
+    if annotation is inspect.Parameter.empty:
+        return ""
+    if isinstance(annotation, str):
+        text = annotation
+    elif annotation is Job:
+        text = "Job"
+    else:
+        text = repr(annotation).replace("qcluster.job.Job", "Job")
+    return "".join(text.split()).replace("'", "").replace('"', "")
 
 
 #: Hex digits of a code version computed from the app's files.
