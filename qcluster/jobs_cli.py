@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from qcluster import exitcodes
 from qcluster.cli_support import (
@@ -161,7 +161,11 @@ def dead(
                          for job in jobs]}
         out.print_json(json.dumps(body))
         return
-    table = Table("id", "dead at", "attempts", "reason", "last error", "payload",
+    # The id whole, whatever the terminal's width: it is what --requeue, --delete and
+    # `qcluster job` take; the other columns wrap around it.
+    id_width = max((len(one.id) for one in jobs), default=2)
+    table = Table(Column("id", no_wrap=True, min_width=id_width), "dead at", "attempts",
+                  "reason", "last error", "payload",
                   title=escape(f"{queue}: {total} dead letter(s)"))
     for one in jobs:
         error = f"{one.error.type}: {one.error.message}" if one.error else ""
