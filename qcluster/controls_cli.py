@@ -18,6 +18,7 @@ to load the new code (the rollout stopped), 14 a host was skipped or ``--wait`` 
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
 from typing import Annotated, Any, NoReturn
@@ -75,8 +76,26 @@ def pause(
     reply = _post(config, manager, f"/api/v1/queues/{_name(queue)}/pause")
     out.print(escape(f"queue {queue} paused by {reply.get('by')}: no slot from the "
                      "next planning round"), highlight=False)
+    _warn_unknown_queue(config, manager, queue)
     if wait:
         _wait_no_slot(config, manager, queue, timeout)
+
+
+def _warn_unknown_queue(config: Any, manager: str | None, queue: str) -> None:
+    """A pause of a name no master declares is kept (a queue may be paused before its code
+    is deployed), but a misspelt one leaves the real queue running: say so."""
+    try:
+        view = _request(config, manager, "GET", "/api/v1/cluster", needs_token=False,
+                        retry=True)
+        known = sorted(str(q["name"]) for q in view.get("queues", []))
+    except (httpx.HTTPError, AttributeError, KeyError, TypeError):
+        return  # the pause is stored: only the warning is lost
+    if not known or queue in known:
+        return
+    close = difflib.get_close_matches(queue, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    err.print(escape(f"warning: the manager knows no queue named {queue!r}{hint}: the pause "
+                     "waits for one"), highlight=False, soft_wrap=True)
 
 
 def _wait_no_slot(config: Any, manager: str | None, queue: str, timeout: float) -> None:

@@ -159,3 +159,22 @@ def test_pause_wait_returns_once_no_slot_runs_the_queue(redis_url: str, tmp_path
         assert output.rstrip().endswith(f"queue {queue}: no slot runs it"), output
     finally:
         procs.stop_all()
+
+
+def test_pausing_a_misspelt_queue_says_so(redis_url: str, tmp_path: Path) -> None:
+    """`qcluster pause emials` was stored and said nothing, and emails kept running."""
+    queue = f"ctl-{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "qcluster.toml"
+    config.write_text(f"[queues.{queue}]\nmax_slots = 2\n")
+    procs = Procs(tmp_path, {"QCLUSTER_TOKEN": TOKEN})
+    try:
+        _, port = Managers(procs, redis_url, config).start()
+        misspelt = cli(port, "pause", queue + "s")
+        assert misspelt.returncode == 0, misspelt.stderr
+        assert " ".join(misspelt.stderr.split()) == (
+            f"warning: the manager knows no queue named '{queue}s' (did you mean {queue}?): "
+            "the pause waits for one")
+        right = cli(port, "pause", queue)
+        assert right.returncode == 0 and right.stderr == "", right.stderr
+    finally:
+        procs.stop_all()
