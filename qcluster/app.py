@@ -7,9 +7,11 @@ loop (qcluster.slot.aio).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import importlib
 import inspect
+import logging
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -31,6 +33,8 @@ from qcluster.job import Job
 from qcluster.names import check_queue_name
 from qcluster.periodic import CatchUp, PeriodicSpec, periodic_spec
 from qcluster.policy import QueuePolicy
+
+logger = logging.getLogger(__name__)
 
 BatchHandler = Callable[[list[Job]], Any]
 AsyncJobHandler = Callable[[Job], Awaitable[Any]]
@@ -213,6 +217,15 @@ class App:
             except ValidationError as exc:
                 raise ConfigError(f"[queues.{name}] in the configuration: {exc}") from exc
             merged.queues[name] = _with_policy(spec, policy, where=f"[queues.{name}]")
+        for name in sorted(set(overrides) - set(self.queues)):
+            # Another app's queue is fine (one file may serve several apps, and the
+            # manager's planning reads it too); a near miss is a typo whose settings
+            # apply to nothing.
+            close = difflib.get_close_matches(name, sorted(self.queues), n=1, cutoff=0.7)
+            if close:
+                logger.warning("[queues.%s] in the configuration: app %r declares no such "
+                               "queue (did you mean %s?): its settings apply to no slot",
+                               name, self.name, close[0])
         return merged
 
 
