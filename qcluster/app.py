@@ -101,6 +101,7 @@ class App:
             raise ConfigError(f"on_failure: timeout must be > 0, not {timeout!r}")
 
         def bind(target: FailureHook) -> FailureHook:
+            _check_hook(target)
             self.failure_hooks.append(HookSpec(target, float(timeout)))
             return target
 
@@ -335,6 +336,21 @@ def _check_call(queue: str, handler: Callable[..., Any], *, per_job: bool) -> No
         raise ConfigError(
             f"queue {queue!r}: handler {name} takes {first.name}: {annotated}, but "
             f"@app.{decorator} calls it with {given}: use @{other}")
+
+
+def _check_hook(hook: Callable[..., Any]) -> None:
+    """Refuse at import a failure hook that cannot take the one Failure it is called with:
+    it would raise, logged and ignored, at every failure instead of reporting it."""
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        name = getattr(hook, "__name__", type(hook).__name__)
+        raise ConfigError(f"on_failure: hook {name}{signature} cannot be called with the "
+                          f"failure ({exc}): declare it as def {name}(failure)") from None
 
 
 def _annotation_text(annotation: Any) -> str:

@@ -137,3 +137,18 @@ def test_a_bad_policy_names_the_apps_line_too(app_dir: Path) -> None:
         load_app_checked("sig_app_b")
     assert f"{app_dir / 'sig_app_b.py'}:4: ConfigError: queue 'emails': max_attempt" in str(
         caught.value)
+
+
+def test_a_failure_hook_that_cannot_take_the_failure_is_refused_at_import() -> None:
+    """It raised a TypeError, logged and ignored, at every failure it was meant to report."""
+    app = App()
+    with pytest.raises(ConfigError) as caught:
+        app.on_failure(nothing)  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        "on_failure: hook nothing() cannot be called with the failure (too many positional "
+        "arguments): declare it as def nothing(failure)")
+    with pytest.raises(ConfigError):
+        app.on_failure(timeout=2.0)(thumb)
+    app.on_failure(one_job)  # type: ignore[arg-type]
+    app.on_failure(loose)
+    assert len(app.failure_hooks) == 2
