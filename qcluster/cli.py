@@ -170,7 +170,7 @@ def _declaring_app(settings: Settings) -> Any:
         return load_app_checked(settings.app).with_overrides(settings.queues)
     except QClusterError as exc:
         err.print(f"[yellow]warning:[/yellow] cannot load the app to check the queue: "
-                  f"{escape(str(exc))}", highlight=False)
+                  f"{escape(str(exc))}", highlight=False, soft_wrap=True)
         return None
 
 

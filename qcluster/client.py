@@ -187,11 +187,15 @@ def _settings_app(target: str) -> App | None:
 
     try:
         return load_app(target)
-    except AppImportError as exc:
+    except Exception as exc:  # the workers' code, broken or not importable here
         if target not in _unimportable:
             _unimportable.add(target)
-            logger.info("queues are declared as the broker URL says, not as app %s says: %s",
-                        target, exc)
+            # Not importable here is common (a producer without the workers' code); one
+            # that raises while importing (a setting only the workers have, a bad
+            # declaration) is said louder, but it must not fail the producer's enqueue.
+            level = logging.INFO if isinstance(exc, AppImportError) else logging.WARNING
+            logger.log(level, "queues are declared as the broker URL says, not as app %s "
+                       "says: %s: %s", target, type(exc).__name__, " ".join(str(exc).split()))
         return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 APP = '''
@@ -59,3 +60,25 @@ def test_a_producer_whose_settings_name_the_app_is_told_too(
 
 def test_a_producer_that_knows_no_app_says_nothing(tmp_path: Path, redis_url: str) -> None:
     assert produce(tmp_path, ENQUEUE.format(url=redis_url, queues=["anything"])) == ""
+
+
+def test_a_settings_app_that_raises_at_import_does_not_fail_the_producer(
+        tmp_path: Path, redis_url: str) -> None:
+    """A producer whose environment names the workers' app (QCLUSTER_APP shared by every
+    service) failed every enqueue with the app's own exception, here a setting only the
+    workers have: it is said once, and the job is stored."""
+    (tmp_path / "workers.py").write_text(
+        "from qcluster import App\napp = App()\nraise RuntimeError('database not configured')\n")
+    queue = f"mail-{uuid.uuid4().hex[:8]}"
+    code = ENQUEUE.format(url=redis_url, queues=[queue, "thumbnails"]) + (
+        f"print(client.stats({queue!r})['ready'])\n")
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+        timeout=120, env={**{k: v for k, v in os.environ.items() if not k.startswith(
+            "QCLUSTER_")}, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path.cwd()}",
+            "QCLUSTER_APP": "workers"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1"]
+    assert done.stderr.splitlines() == [
+        "queues are declared as the broker URL says, not as app workers says: RuntimeError: "
+        "database not configured"], done.stderr
