@@ -47,6 +47,7 @@ cli = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="markdown",  # a docstring's wrapped lines read as one paragraph
 )
 
 
