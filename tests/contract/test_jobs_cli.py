@@ -107,3 +107,17 @@ def test_dead_shows_each_id_whole_to_copy_into_requeue_or_job(
     assert code == 0, output
     assert all(one in output for one in ids), output
     assert max(len(line) for line in output.splitlines()) <= columns, output
+
+
+def test_stats_and_dead_of_a_queue_the_broker_never_saw_say_so(
+        redis_url: str, queue_name: str) -> None:
+    """`qcluster dead emials` showed '0 dead letter(s)' and `stats emials` a row of zeros,
+    as reassuring as they were wrong: the name was misspelt."""
+    dead_letters(redis_url, queue_name, ["m1"])
+    typo = queue_name[:-1]
+    warning = f"warning: the broker knows no queue named {typo!r} (did you mean {queue_name}?)"
+    for command in ("stats", "dead"):
+        code, output = run(command, typo, "--broker", redis_url)
+        assert code == 0 and warning in output, output
+        code, output = run(command, queue_name, "--broker", redis_url)
+        assert code == 0 and "warning" not in output, output
