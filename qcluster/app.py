@@ -7,9 +7,11 @@ loop (qcluster.slot.aio).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import importlib
 import inspect
+import logging
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -31,6 +33,8 @@ from qcluster.job import Job
 from qcluster.names import check_queue_name
 from qcluster.periodic import CatchUp, PeriodicSpec, periodic_spec
 from qcluster.policy import QueuePolicy
+
+logger = logging.getLogger(__name__)
 
 BatchHandler = Callable[[list[Job]], Any]
 AsyncJobHandler = Callable[[Job], Awaitable[Any]]
@@ -97,6 +101,7 @@ class App:
             raise ConfigError(f"on_failure: timeout must be > 0, not {timeout!r}")
 
         def bind(target: FailureHook) -> FailureHook:
+            _check_hook(target)
             self.failure_hooks.append(HookSpec(target, float(timeout)))
             return target
 
@@ -113,6 +118,7 @@ class App:
 
         def bind(handler: BatchHandler) -> BatchHandler:
             is_async = _is_async(name, handler)
+            _check_call(name, handler, per_job=False)
             self._add(_with_policy(QueueSpec(name, handler, queue_policy, is_async)))
             return handler
 
@@ -133,7 +139,9 @@ class App:
         """
 
         def bind(handler: Callable[[Job], Any]) -> Callable[[Job], Any]:
-            if _is_async(name, handler):
+            is_async = _is_async(name, handler)
+            _check_call(name, handler, per_job=True)
+            if is_async:
                 queue_policy = _checked_policy(name, policy)
                 self._add(_with_policy(QueueSpec(
                     name, _each_concurrently(handler, None), queue_policy, is_async=True,
@@ -210,6 +218,15 @@ class App:
             except ValidationError as exc:
                 raise ConfigError(f"[queues.{name}] in the configuration: {exc}") from exc
             merged.queues[name] = _with_policy(spec, policy, where=f"[queues.{name}]")
+        for name in sorted(set(overrides) - set(self.queues)):
+            # Another app's queue is fine (one file may serve several apps, and the
+            # manager's planning reads it too); a near miss is a typo whose settings
+            # apply to nothing.
+            close = difflib.get_close_matches(name, sorted(self.queues), n=1, cutoff=0.7)
+            if close:
+                logger.warning("[queues.%s] in the configuration: app %r declares no such "
+                               "queue (did you mean %s?): its settings apply to no slot",
+                               name, self.name, close[0])
         return merged
 
 
@@ -286,6 +303,68 @@ def _is_async(queue: str, handler: Callable[..., Any]) -> bool:
             f"queue {queue!r}: handler {name} is an async generator (it yields); a handler "
             "must do its work and return (write an async def without yield)")
     return any(inspect.iscoroutinefunction(f) for f in candidates)
+
+
+def _check_call(queue: str, handler: Callable[..., Any], *, per_job: bool) -> None:
+    """Refuse at import a handler the slot cannot call as declared: the slot passes one
+    argument (the batch's list of jobs, or one job with ``job_queue``), and a handler that
+    cannot take it, or whose annotation says the other form, would fail every job until
+    its attempts ran out and it was dead-lettered."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # some builtins and C callables: nothing to read
+        return
+    name = getattr(handler, "__name__", type(handler).__name__)
+    decorator, given = ("job_queue", "one job") if per_job else ("queue", "a list of jobs")
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        raise ConfigError(
+            f"queue {queue!r}: handler {name}{signature} cannot be called with {given}, "
+            f"as @app.{decorator} calls it ({exc}): declare it as def {name}("
+            f"{'job' if per_job else 'jobs'})") from None
+    first = next(iter(signature.parameters.values()), None)
+    if first is None or first.kind is first.VAR_POSITIONAL:
+        return
+    annotated = _annotation_text(first.annotation)
+    wants_one = annotated in ("Job", "qcluster.Job", "qcluster.job.Job")
+    wants_list = annotated.startswith(("list[", "List[", "typing.List[", "Sequence[",
+                                       "collections.abc.Sequence["))
+    if (wants_one and not per_job) or (wants_list and per_job):
+        other = "app.queue (a list of jobs per call)" if per_job else \
+            "app.job_queue (one job per call)"
+        raise ConfigError(
+            f"queue {queue!r}: handler {name} takes {first.name}: {annotated}, but "
+            f"@app.{decorator} calls it with {given}: use @{other}")
+
+
+def _check_hook(hook: Callable[..., Any]) -> None:
+    """Refuse at import a failure hook that cannot take the one Failure it is called with:
+    it would raise, logged and ignored, at every failure instead of reporting it."""
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        name = getattr(hook, "__name__", type(hook).__name__)
+        raise ConfigError(f"on_failure: hook {name}{signature} cannot be called with the "
+                          f"failure ({exc}): declare it as def {name}(failure)") from None
+
+
+def _annotation_text(annotation: Any) -> str:
+    """An annotation as written (``from __future__ import annotations`` keeps it a
+    string), without whitespace or quotes; '' when there is none."""
+    if annotation is inspect.Parameter.empty:
+        return ""
+    if isinstance(annotation, str):
+        text = annotation
+    elif annotation is Job:
+        text = "Job"
+    else:
+        text = repr(annotation).replace("qcluster.job.Job", "Job")
+    return "".join(text.split()).replace("'", "").replace('"', "")
 
 
 #: Hex digits of a code version computed from the app's files.

@@ -47,6 +47,7 @@ cli = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="markdown",  # a docstring's wrapped lines read as one paragraph
 )
 
 
@@ -170,7 +171,7 @@ def _declaring_app(settings: Settings) -> Any:
         return load_app_checked(settings.app).with_overrides(settings.queues)
     except QClusterError as exc:
         err.print(f"[yellow]warning:[/yellow] cannot load the app to check the queue: "
-                  f"{escape(str(exc))}", highlight=False)
+                  f"{escape(str(exc))}", highlight=False, soft_wrap=True)
         return None
 
 

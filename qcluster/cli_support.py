@@ -10,6 +10,7 @@ role, so the imports point one way: roles -> core.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -203,9 +204,13 @@ def load_app_checked(target: str) -> Any:
                              f"(qcluster.App objects in it: {', '.join(apps) or 'none'})"
                              ) from None
     except Exception as exc:  # the module raised while importing: say where, in one line
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = next((f"{f.filename}:{f.lineno}: " for f in reversed(frames)
-                      if "importlib" not in f.filename), "")
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if "importlib" not in f.filename]
+        # The app's own line, not qcluster's: a decorator that refuses a declaration
+        # raises inside qcluster, and the line to fix is the one that called it.
+        ours = os.path.realpath(os.path.dirname(__file__)) + os.sep
+        users = [f for f in frames if not os.path.realpath(f.filename).startswith(ours)]
+        where = next((f"{f.filename}:{f.lineno}: " for f in reversed(users or frames)), "")
         message = " ".join(str(exc).split())
         raise AppImportError(f"cannot import app module {module_name!r}: {where}"
                              f"{type(exc).__name__}: {message}") from None

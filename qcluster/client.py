@@ -28,8 +28,8 @@ class Client:
     ``qcluster.toml`` > the embedded broker under ``state_dir``.
 
     ``app`` (optional): the application whose queues this producer feeds. With it, a
-    job is refused above its queue's ``max_message_bytes`` and enqueueing to a queue
-    the app does not declare logs a warning (once per queue).
+    job is refused above its queue's ``max_message_bytes``. Enqueueing to a queue that
+    no app known here declares (``app``, else those below) logs a warning, once per queue.
 
     Without it, a queue's policies are those of an app that declares it: one this process
     created (imported), else the settings' ``app`` (``QCLUSTER_APP``, ``qcluster.toml``) if
@@ -55,7 +55,6 @@ class Client:
         self.app = app
         self._settings_app = settings.app
         """The settings' app (imported only when no app of this process declares a queue)."""
-        self._warned: set[str] = set()
         self._specs: dict[str, QueueSpec | None] = {}
         """Each queue's declaration as found (None: no app known here declares it)."""
         if app is not None:
@@ -77,14 +76,21 @@ class Client:
             return self._specs[queue]
         from qcluster.app import LIVE_APPS
 
-        spec = None
-        if self.app is None:
-            spec = next((app.queues[queue] for app in list(LIVE_APPS) if queue in app.queues),
-                        None)
-            if spec is None and self._settings_app:
-                spec = _settings_app_spec(self._settings_app, queue)
+        apps = [self.app] if self.app is not None else list(LIVE_APPS)
+        spec = next((app.queues[queue] for app in apps if queue in app.queues), None)
+        if spec is None and self.app is None and self._settings_app:
+            settings_app = _settings_app(self._settings_app)
+            if settings_app is not None:
+                apps.append(settings_app)
+                spec = settings_app.queues.get(queue)
         if spec is None:
             self._specs[queue] = None
+            if apps:  # a typo'd name would wait forever, unseen
+                logger.warning(
+                    "enqueue to %r: no queue of app %s has that name, so no slot will run "
+                    "these jobs (known: %s)", queue,
+                    " or ".join(sorted({repr(app.name) for app in apps})),
+                    ", ".join(sorted({name for app in apps for name in app.queues})) or "none")
         else:
             self._declare_as_policy_says(spec)
         return spec
@@ -134,18 +140,7 @@ class Client:
         if self.max_message_bytes is not None:
             return self.max_message_bytes
         spec = self._spec(queue)
-        if spec is None and self.app is None:
-            return DEFAULT_MAX_MESSAGE_BYTES
-        if spec is None:
-            if self.app is not None and queue not in self._warned:
-                self._warned.add(queue)
-                logger.warning(
-                    "enqueue to %r: no queue of app %r has that name, so no slot will run "
-                    "these jobs (known: %s)", queue, self.app.name,
-                    ", ".join(sorted(self.app.queues)) or "none",
-                )
-            return DEFAULT_MAX_MESSAGE_BYTES
-        return spec.policy.max_message_bytes
+        return DEFAULT_MAX_MESSAGE_BYTES if spec is None else spec.policy.max_message_bytes
 
     def stats(self, queue: str) -> dict[str, int]:
         """``{"ready", "locked", "delayed", "dead"}`` counts for the queue."""
@@ -184,20 +179,23 @@ class Client:
         self.close()
 
 
-def _settings_app_spec(target: str, queue: str) -> QueueSpec | None:
-    """``queue``'s declaration in the settings' app; None when the app does not declare it
-    or cannot be imported here (a producer often runs without the workers' code: logged
-    once)."""
+def _settings_app(target: str) -> App | None:
+    """The settings' app; None when it cannot be imported here (a producer often runs
+    without the workers' code: logged once)."""
     from qcluster.app import load_app
     from qcluster.errors import AppImportError
 
     try:
-        return load_app(target).queues.get(queue)
-    except AppImportError as exc:
+        return load_app(target)
+    except Exception as exc:  # the workers' code, broken or not importable here
         if target not in _unimportable:
             _unimportable.add(target)
-            logger.info("queues are declared as the broker URL says, not as app %s says: %s",
-                        target, exc)
+            # Not importable here is common (a producer without the workers' code); one
+            # that raises while importing (a setting only the workers have, a bad
+            # declaration) is said louder, but it must not fail the producer's enqueue.
+            level = logging.INFO if isinstance(exc, AppImportError) else logging.WARNING
+            logger.log(level, "queues are declared as the broker URL says, not as app %s "
+                       "says: %s: %s", target, type(exc).__name__, " ".join(str(exc).split()))
         return None
 
 

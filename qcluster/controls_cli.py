@@ -12,7 +12,8 @@ takes: a manager on this machine with none configured writes one to its state di
 which these commands read when the manager's URL is loopback); 10 the manager is unreachable
 or failed (the broker did not store the change: 503); 11 the manager refused the token
 (401); ``reload``: 12 refused (no such host, a reload already running), 13 a host failed
-to load the new code (the rollout stopped), 14 a host was skipped or ``--wait`` gave up.
+to load the new code (the rollout stopped), 14 a host was skipped or ``--wait`` gave up;
+``pause --wait``: 1 a slot still ran the queue at ``--timeout``.
 """
 
 from __future__ import annotations
@@ -61,12 +62,49 @@ QueueArg = Annotated[str, typer.Argument(help="Queue name")]
 HostArg = Annotated[str, typer.Argument(help="Host name (as the master reports it)")]
 
 
-def pause(queue: QueueArg, manager: ManagerOpt = None, config: ConfigOpt = None) -> None:
+def pause(
+    queue: QueueArg,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="Return once no slot runs QUEUE (its slots finish their batch first)")
+    ] = False,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds --wait waits before giving up (exit 1)", min=1)] = 120.0,
+    manager: ManagerOpt = None, config: ConfigOpt = None,
+) -> None:
     """Plan no slot for QUEUE until it is resumed (kept across manager restarts)."""
     reply = _post(config, manager, f"/api/v1/queues/{_name(queue)}/pause")
     out.print(escape(f"queue {queue} paused by {reply.get('by')}: no slot from the "
                      "next planning round"), highlight=False, soft_wrap=True)
     _unknown(reply, f"no master has reported a queue named {queue!r}", f"resume {queue}")
+    if wait:
+        _wait_no_slot(config, manager, queue, timeout)
+
+
+def _wait_no_slot(config: Any, manager: str | None, queue: str, timeout: float) -> None:
+    """Until the manager's view has no slot running ``queue``: the slots it had go at the
+    next planning round, each after its batch, and until then they still take its jobs."""
+    deadline = time.monotonic() + timeout
+    running: int | None = None
+    while True:
+        try:
+            view = _request(config, manager, "GET", "/api/v1/cluster", needs_token=False,
+                            retry=True)
+        except httpx.HTTPError:
+            view = None  # restarting, say: try again until the timeout
+        if isinstance(view, dict):
+            row: dict[str, Any] = next(
+                (q for q in view.get("queues", []) if q.get("name") == queue), {})
+            running = int(row.get("slots_current") or 0)
+            if running == 0:
+                out.print(escape(f"queue {queue}: no slot runs it"), highlight=False,
+                          soft_wrap=True)
+                return
+        if time.monotonic() > deadline:
+            still = "the manager did not answer" if running is None else \
+                f"{running} slot(s) still run it"
+            _fail(exitcodes.FAILURE, f"queue {queue} is paused, but {still} after "
+                                     f"{timeout:g} s (they go at the manager's next rounds)")
+        time.sleep(POLL_S)
 
 
 def resume(queue: QueueArg, manager: ManagerOpt = None, config: ConfigOpt = None) -> None:

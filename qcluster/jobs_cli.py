@@ -9,13 +9,14 @@ the job (nor a record of it); 1 ``purge`` declined at the prompt.
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from qcluster import exitcodes
 from qcluster.cli_support import (
@@ -153,6 +154,8 @@ def dead(
                 _act(queue_broker, queue, ids or None, delete, as_json)
                 return
             total, jobs = queue_broker.dead_page(queue, offset=offset, limit=limit)
+            if not total:
+                _warn_unknown(queue_broker, queue)
         finally:
             queue_broker.close()
     if as_json:
@@ -161,7 +164,11 @@ def dead(
                          for job in jobs]}
         out.print_json(json.dumps(body))
         return
-    table = Table("id", "dead at", "attempts", "reason", "last error", "payload",
+    # The id whole, whatever the terminal's width: it is what --requeue, --delete and
+    # `qcluster job` take; the other columns wrap around it.
+    id_width = max((len(one.id) for one in jobs), default=2)
+    table = Table(Column("id", no_wrap=True, min_width=id_width), "dead at", "attempts",
+                  "reason", "last error", "payload",
                   title=escape(f"{queue}: {total} dead letter(s)"))
     for one in jobs:
         error = f"{one.error.type}: {one.error.message}" if one.error else ""
@@ -229,6 +236,8 @@ def stats(
         try:
             names = [queue] if queue else sorted(queue_broker.queues())
             rows = {name: queue_broker.stats(name).model_dump() for name in names}
+            if queue and not any(rows[queue].values()):
+                _warn_unknown(queue_broker, queue)
             notes = queue_broker.durability()
             paused, drained = _controls(queue_broker)
         finally:
@@ -256,6 +265,18 @@ def stats(
         out.print(f"[yellow]rates:[/yellow] {escape(rates_note)}", highlight=False)
     for note in notes:
         out.print(f"[yellow]durability:[/yellow] {escape(note)}", highlight=False)
+
+
+def _warn_unknown(queue_broker: Any, queue: str) -> None:
+    """An empty answer for a name the broker never saw is a typo more often than not:
+    say so, with the closest name it knows, rather than show a reassuring zero."""
+    known = sorted(queue_broker.queues())
+    if queue in known:
+        return
+    close = difflib.get_close_matches(queue, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    err.print(escape(f"warning: the broker knows no queue named {queue!r}{hint}"),
+              highlight=False, soft_wrap=True)
 
 
 def _controls(queue_broker: Any) -> tuple[set[str], set[str]]:

@@ -124,3 +124,38 @@ def test_pause_and_drain_survive_a_killed_manager(url: str, tmp_path: Path) -> N
         second.send_signal(signal.SIGTERM)
     finally:
         procs.stop_all()
+
+
+def test_pause_wait_returns_once_no_slot_runs_the_queue(redis_url: str, tmp_path: Path) -> None:
+    """A paused queue's slots go at the manager's next round, each after its batch, and
+    take its jobs until then: the tutorial's reader enqueued right after `qcluster pause`
+    and saw the jobs run. `--wait` returns once the masters report none left."""
+    suffix = uuid.uuid4().hex[:8]
+    queue, host = f"ctl-{suffix}", f"host-{suffix}"
+    config = tmp_path / "qcluster.toml"
+    config.write_text(f"[queues.{queue}]\nmax_slots = 2\n")
+    procs = Procs(tmp_path, {"QCLUSTER_TOKEN": TOKEN})
+
+    def master_reports(slots: int) -> None:
+        body = report(host, {queue: slots} if slots else {}).model_dump(mode="json")
+        reply = httpx.post(f"http://127.0.0.1:{port}/api/v1/reports", json=body,
+                           headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        assert reply.status_code == 200, reply.text
+
+    try:
+        _, port = Managers(procs, redis_url, config).start()
+        master_reports(2)
+        still = cli(port, "pause", queue, "--wait", "--timeout", "1")
+        assert still.returncode == 1, still.stdout + still.stderr
+        assert f"queue {queue} paused by token" in still.stdout
+        assert f"queue {queue} is paused, but 2 slot(s) still run it after 1 s" in " ".join(
+            still.stderr.split()), still.stderr
+        env = qcluster_env(QCLUSTER_TOKEN=TOKEN, QCLUSTER_MANAGER_URL=f"http://127.0.0.1:{port}")
+        waiting = subprocess.Popen([*QCLUSTER, "pause", queue, "--wait"], env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        master_reports(0)  # its slots stopped, as the manager's reply asked
+        output, _ = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0, output
+        assert output.rstrip().endswith(f"queue {queue}: no slot runs it"), output
+    finally:
+        procs.stop_all()

@@ -83,3 +83,18 @@ def test_named_tokens_come_from_the_file_or_the_environment(
     assert load_settings(tmp_path / "qcluster.toml").tokens == {"ops": "0123456789abcdef0123"}
     monkeypatch.setenv("QCLUSTER_TOKENS", '{"ci": "fedcba9876543210fedc"}')
     assert load_settings(None).tokens == {"ci": "fedcba9876543210fedc"}
+
+
+def test_a_misspelt_queue_section_is_logged_with_the_queue_meant(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """[queues.emial] was ignored in silence: its max_attempts applied to nothing. Another
+    app's queue in a shared file is not a mistake, and says nothing."""
+    app = App("shop")
+    app.queue("emails")(lambda jobs: None)
+    with caplog.at_level("WARNING", logger="qcluster.app"):
+        merged = app.with_overrides({"emial": {"max_attempts": 3}, "thumbnails": {"priority": 2},
+                                     "emails": {"max_slots": 4}})
+    assert [r.getMessage() for r in caplog.records] == [
+        "[queues.emial] in the configuration: app 'shop' declares no such queue (did you "
+        "mean emails?): its settings apply to no slot"]
+    assert merged.queues["emails"].policy.max_slots == 4

@@ -68,3 +68,18 @@ def test_metric_names_are_defined_once_with_their_help() -> None:
     created = {metric._name for metric in vars(slot).values()}
     # prometheus_client keeps a counter's name without its _total suffix
     assert {name.removesuffix("_total") for name in metrics.SLOT_METRICS} == created
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--help"], "with each one's reason and last error, or requeue or delete them"),
+    (["enqueue", "--help"], "a queue it does not declare is refused (exit 2"),
+])
+def test_help_reads_a_docstring_as_sentences_not_its_source_lines(
+        args: list[str], says: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each docstring line break was kept: `qcluster --help` broke 'each one's' from
+    'reason' mid-line, whatever the terminal's width."""
+    monkeypatch.setenv("COLUMNS", "250")
+    cli.register_commands()
+    result = CliRunner().invoke(cli.cli, args, terminal_width=250)
+    assert result.exit_code == 0, result.output
+    assert any(says in line for line in result.output.splitlines()), result.output
