@@ -62,7 +62,7 @@ class ManagerService(RoundLoop):
             self.tokens[UNNAMED_TOKEN] = token
         self.queue_rows = QueueRows()
         self.learned: Any = None
-        """The masters' ``@app.periodic`` declarations (manager/learned_periodic.py)."""
+        """The masters' ``@app.periodic`` declarations (manager/planning/learned_periodic.py)."""
         self.job_reads = JobReads(lambda: self.broker)
         """Job lookups and pages: off ``broker_lock`` (manager/job_reads.py)."""
         self.holders = HeldLookup()
