@@ -57,6 +57,10 @@ CONTROLS_KEY = f"{KEY_PREFIX}:{{controls}}"
 PUBLISH_CHUNK = 500
 #: Longest single wait on the wake list, so SIGTERM and delayed jobs are noticed.
 MAX_BLOCK_S = 1.0
+#: Shortest wait on it. Redis 6.2 (the embedded broker's) reads a BLPOP timeout of 0.001 s
+#: as 0, which blocks for ever; 6.2 and 7 both end a block of 2 ms or more at their 100 ms
+#: clock tick (hz 10), so a shorter one gains nothing.
+MIN_BLOCK_S = 0.01
 #: Periodic jobs' last enqueued ticks, ``NAME`` -> ms since the epoch (one hash slot).
 PERIODIC_KEY = f"{KEY_PREFIX}:{{periodic}}:last"
 
@@ -278,9 +282,9 @@ class RedisBroker(Broker):
         now_ms, next_due_ms = reply[0], reply[1]
         if next_due_ms:
             # float(): a far score comes back as "1.0e+18", which int() refuses.
-            timeout_s = min(timeout_s, max(0.001, (float(next_due_ms) - float(now_ms)) / 1000))
+            timeout_s = min(timeout_s, (float(next_due_ms) - float(now_ms)) / 1000)
         with self._errors():
-            self.client.blpop([wake_key], timeout=max(timeout_s, 0.001))
+            self.client.blpop([wake_key], timeout=max(timeout_s, MIN_BLOCK_S))
 
     def settle(self, queue: str, settlement: Settlement) -> None:
         if not len(settlement):

@@ -56,6 +56,15 @@ def test_take_returns_at_most_max_jobs_and_locks_them(broker: Broker, queue_name
     assert {d.id for d in first + rest} == set(ids), "a locked job was handed out twice"
 
 
+def test_an_idle_take_whose_wait_ends_within_a_millisecond_returns_empty(
+        broker: Broker, queue_name: str) -> None:
+    """An idle slot polls with a short wait, and a poll often ends a hair before its
+    deadline. Redis 6.2 (the embedded broker's) reads a block of 0.001 s as no timeout at
+    all: the slot stalled until its socket timed out and logged the broker unreachable."""
+    for _ in range(5):
+        assert broker.take(queue_name, max_jobs=1, lock_timeout_s=5.0, wait_s=0.001) == []
+
+
 def test_ack_deletes_the_whole_batch(broker: Broker, queue_name: str) -> None:
     publish(broker, queue_name, 20)
     batch = take_all(broker, queue_name, 20)
