@@ -231,10 +231,14 @@ def stats(
     """Ready, locked, delayed and dead counts per queue, whether it is paused, its in/out
     rates (jobs/s, from the manager when it answers) and the drained hosts."""
     settings = settings_for(config, broker_url=broker, manager_url=manager)
+    rates, rates_note = _rates(settings.manager_url)
     queue_broker = open_existing_broker(settings)
     with user_errors():
         try:
-            names = [queue] if queue else sorted(queue_broker.queues())
+            # AMQP cannot list a broker's queues: the manager's and the configuration's
+            # are added, so that RabbitMQ shows its queues too, not an empty table.
+            names = [queue] if queue else sorted(
+                set(queue_broker.queues()) | set(rates) | set(settings.queues))
             rows = {name: queue_broker.stats(name).model_dump() for name in names}
             if queue and not any(rows[queue].values()):
                 _warn_unknown(queue_broker, queue)
@@ -242,7 +246,10 @@ def stats(
             paused, drained = _controls(queue_broker)
         finally:
             queue_broker.close()
-    rates, rates_note = _rates(settings.manager_url)
+    if not rows:
+        err.print("note: no queue known: the broker lists none (RabbitMQ cannot), the manager "
+                  "did not answer and the configuration names none; name one: "
+                  "qcluster stats QUEUE", highlight=False, soft_wrap=True)
     for name, row in rows.items():
         row["paused"] = name in paused
         row["rate_in"], row["rate_out"] = rates.get(name, (None, None))

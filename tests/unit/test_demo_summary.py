@@ -3,37 +3,10 @@ port, the line is printed (the demo then names the child that could not start)."
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from qcluster.demo.launcher import _summary
-
-
-@contextlib.contextmanager
-def serving(body: bytes) -> Iterator[str]:
-    """A local HTTP server answering every GET with ``body`` (JSON); its base URL."""
-
-    class Reply(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Reply)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+from tests.json_server import serving
 
 
 @pytest.mark.parametrize("body", [b"{}", b'{"queues": 3}', b'{"queues": [{"name": "q"}]}',
