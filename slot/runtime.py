@@ -42,6 +42,7 @@ from qcluster.messages import (
 )
 from qcluster.slot import identity
 from qcluster.slot.aio import run_async_batch
+from qcluster.slot.broker_outage import BrokerOutage
 from qcluster.slot.broker_refusal import refused_for_good
 from qcluster.slot.decode import decode_batch, refuse_result
 from qcluster.slot.failure_report import FailureReporter
@@ -92,6 +93,8 @@ class SlotRunner:
         # a dead link for up to a minute), the master still hears from this slot.
         broker.on_wait = self._waiting_for_broker
         self.slot_label = str(slot_no if slot_no is not None else os.getpid())
+        self.outage = BrokerOutage()
+        """The broker's failures, for what the log says of them."""
         self.burst = burst
         self.should_stop = False
         self.rand = random.Random()
@@ -157,7 +160,9 @@ class SlotRunner:
             except BrokerError as exc:
                 if refused_for_good(exc):
                     return self._refused(exc)
-                logger.warning("slot %s: broker error on %s: %s", self.slot_label, self.queue, exc)
+                line = self.outage.failed(str(exc), time.monotonic())
+                if line:
+                    logger.warning("slot %s on %s: %s", self.slot_label, self.queue, line)
                 self._heartbeat(idle=True)  # waiting for the broker is not hung
                 time.sleep(BROKER_ERROR_PAUSE_S)
                 continue
@@ -166,6 +171,9 @@ class SlotRunner:
                 self._heartbeat(idle=True)
                 time.sleep(BROKER_ERROR_PAUSE_S)
                 continue
+            if self.outage.since is not None:
+                logger.info("slot %s on %s: %s", self.slot_label, self.queue,
+                            self.outage.answered(time.monotonic()))
             if not worked and self.burst:
                 return exitcodes.OK
             if self._over_memory_limit():
