@@ -25,6 +25,7 @@ from qcluster.master.slots import (
     RestartBackoff,
     RestartReason,
     SlotRecord,
+    death,
     decode_exit,
     give_back,
     on_message,
@@ -169,7 +170,7 @@ class SlotPool:
         self.receive(pid, now)  # its last packets (counters of its last batches)
         del self.slots[slot.slot_no]
         reason = decode_exit(slot, code, master_stopping=master_stopping)
-        ran_a_job = self.give_backs.keep(reason, self.channels.last_take(pid))
+        ran_a_job = self.give_backs.keep(reason, self.channels.last_take(pid), slot, code)
         self.give_backs.unsettled(pid)  # what it was handed and did not settle: to another
         self.channels.forget(pid)
         metrics.mark_slot_dead(slot.slot_no)
@@ -222,16 +223,19 @@ class GiveBacks:
         job moves only while the dead slot's lock still holds it."""
         self._refs = 0
 
-    def keep(self, reason: RestartReason | None, last_take: GiveBack | None) -> bool:
+    def keep(self, reason: RestartReason | None, last_take: GiveBack | None,
+             slot: SlotRecord, code: int) -> bool:
         """A slot that died holding a take: keep what to settle for it, in parts that fit
-        one packet each. True when it died running a job (the job is charged for it)."""
+        one packet each, saying which slot died and how. True when it died running a job
+        (the job is charged for it)."""
         order = give_back(reason, last_take)
-        if order is None:
+        if order is None or reason is None:
             return False
+        died = {"slot": str(slot.slot_no), "died": death(slot, reason, code)}
         parts = []
         for part in _in_packets(order):
             self._refs += 1
-            parts.append(part.model_copy(update={"ref": self._refs}))
+            parts.append(part.model_copy(update={"ref": self._refs, **died}))
         self.waiting = [*self.waiting, *parts][-MAX_PENDING_GIVE_BACKS:]
         return any(job[3] == Progress.RUNNING for job in order.jobs)
 

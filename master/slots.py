@@ -193,6 +193,19 @@ class RestartBackoff:
 DIED = frozenset({"crash", "hung", "memory"})
 
 
+def death(slot: SlotRecord, reason: RestartReason, code: int) -> str:
+    """How a slot that died holding jobs ended, in words for their last error.
+
+    ``code`` is ``os.waitstatus_to_exitcode``'s: negative for a signal."""
+    if reason == "hung":
+        if slot.deadline is not None:
+            return "killed: its batch ran past the queue's batch_timeout"
+        return "killed: it sent the master nothing for heartbeat_timeout"
+    if reason == "memory":
+        return "killed: its private memory grew far over the queue's private_dirty_limit_mb"
+    return f"it exited with {code}" if code >= 0 else f"it was killed by signal {-code}"
+
+
 def give_back(reason: RestartReason | None, taken: GiveBack | None) -> GiveBack | None:
     """What to settle for a slot that ended: the take its TakeProgress followed
     (``taken``), when the slot died (``reason``) rather than exited on its own (then it

@@ -173,6 +173,10 @@ class GiveBack(_Msg):
     """(id, attempts, activate_at, TakeProgress state)."""
     ref: int = 0
     """The master's number for this part, echoed in :class:`GaveBack`."""
+    slot: str = ""
+    """The dead slot's number (its jobs' last error names it)."""
+    died: str = ""
+    """How it died, for its running job's last error ('' from an older master)."""
 
 
 MasterToSlot = Annotated[SwitchQueue | StopSlot | GiveBack, Field(discriminator="kind")]

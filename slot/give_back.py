@@ -26,10 +26,12 @@ def give_back(broker: Broker, app: App, command: GiveBack, *, rand: Callable[[],
     try:
         now = time.time()
 
+        message = f"{DIED}: {command.died}" if command.died else DIED
+
         def died(delivery: Delivery) -> JobError:  # what is known: its slot died running it
-            return JobError.bounded(type="SlotDied", message=DIED, traceback="",
-                                    host=identity.host, slot="", attempt=delivery.attempts,
-                                    at=now)
+            return JobError.bounded(type="SlotDied", message=message, traceback="",
+                                    host=identity.host, slot=command.slot,
+                                    attempt=delivery.attempts, at=now)
 
         settlement = give_back_settlement(
             command.jobs, LockToken(command.receipt), app.spec(command.queue).policy,

@@ -139,3 +139,33 @@ def test_dead_letters_page_and_are_requeued_and_deleted_by_id(
     listed = broker.job_page(queue_name, "dead", limit=2)
     assert listed.total == 3 and len(listed.jobs) == 2
     assert all(job.state == "dead" for job in listed.jobs)
+
+
+@pytest.mark.parametrize("backend", ["redis", "embedded"])  # RabbitMQ needs no give-back
+def test_a_job_whose_slot_died_running_it_says_which_slot_and_how(
+        backend: str, queue_name: str, request: pytest.FixtureRequest) -> None:
+    """Its last error said 'its slot died while running it (on HOST slot , ...)': neither
+    which slot nor why (a batch past its batch_timeout, a crash, a signal)."""
+    from qcluster import App, Job
+    from qcluster.messages import GiveBack, Progress
+    from qcluster.slot.give_back import give_back
+
+    broker = open_broker(str(request.getfixturevalue(f"{backend}_url")))
+    request.addfinalizer(broker.close)
+    app = App()
+
+    @app.queue(queue_name, max_attempts=1)  # its only attempt: dead-lettered with the error
+    def handle(jobs: list[Job]) -> None:
+        pass
+
+    broker.publish_many(queue_name, [("j1", body(queue_name, "j1", {}))])
+    [taken] = take(broker, queue_name)
+    order = GiveBack(queue=queue_name, receipt=int(taken.receipt),
+                     jobs=[(taken.id, taken.attempts, taken.activate_at, Progress.RUNNING)],
+                     slot="4", died="killed: its batch ran past the queue's batch_timeout")
+    give_back(broker, app, order, rand=lambda: 0.5, slot_label="2")
+    info = broker.job("j1", queues=[queue_name])
+    assert info is not None and info.state == "dead" and info.last_error is not None
+    assert (info.last_error.type, info.last_error.slot) == ("SlotDied", "4")
+    assert info.last_error.message == ("its slot died while running it: killed: its batch "
+                                       "ran past the queue's batch_timeout")

@@ -46,6 +46,27 @@ def test_a_slot_dead_of_a_job_gives_its_take_back_and_restarts_after_the_base_de
         assert h.restarts() == {(Q, "crash"): 3}
 
 
+@pytest.mark.parametrize(("code", "said"), [
+    (70, "it exited with 70"), (-11, "it was killed by signal 11")])
+def test_a_give_back_names_the_slot_that_died_and_how(
+    monkeypatch: pytest.MonkeyPatch, code: int, said: str,
+) -> None:
+    """The jobs' last error said 'SlotDied: its slot died while running it (on HOST slot ,
+    ...)': neither which slot nor how."""
+    for h in harness(monkeypatch, make_app(Q), {Q: 2}, heartbeat_timeout_s=10_000.0):
+        victim, survivor = started(h)
+        victim_no = h.slot_of(victim)["slot_no"]
+        progress = h.ends[victim].progress
+        assert progress is not None
+        assert progress.begin(1, Q, 42, [Delivery("poison", b"", 1, 1e9, 1e9,
+                                                  "application/json", 42)])
+        progress.states[0] = Progress.RUNNING
+        h.os.end(victim, code << 8 if code >= 0 else -code)
+        h.step()
+        [order] = [m for m in h.messages(survivor) if m.kind == "give_back"]
+        assert (order.slot, order.died) == (str(victim_no), said)
+
+
 def test_a_give_back_whose_slot_dies_before_settling_it_goes_to_the_next_slot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -191,16 +191,20 @@ class Harness:
 
     def received(self, pid: int) -> list[str]:
         """Kinds of the messages the master sent this slot so far."""
+        return [message.kind for message in self.messages(pid)]
+
+    def messages(self, pid: int) -> list[Any]:
+        """The messages the master sent this slot since the last look."""
         from qcluster.messages import MASTER_TO_SLOT
 
-        kinds: list[str] = []
+        found: list[Any] = []
         sock = self.ends[pid].sock
         while True:
             try:
                 packet = sock.recv(65536)
             except BlockingIOError:
-                return kinds
-            kinds.append(MASTER_TO_SLOT.validate_json(packet).kind)
+                return found
+            found.append(MASTER_TO_SLOT.validate_json(packet))
 
     # --- what the master shows --------------------------------------------------
 

@@ -278,3 +278,18 @@ def test_a_stopped_slot_ended_by_sigterm_is_clean() -> None:
     from qcluster.master.slots import STOPPED_CODES
 
     assert -signal.SIGTERM in STOPPED_CODES  # (spelt -15 in the pure module)
+
+
+@pytest.mark.parametrize(("reason", "deadline", "code", "said"), [
+    ("hung", 5.0, -9, "killed: its batch ran past the queue's batch_timeout"),
+    ("hung", None, -9, "killed: it sent the master nothing for heartbeat_timeout"),
+    ("memory", 5.0, -9, "killed: its private memory grew far over the queue's "
+                        "private_dirty_limit_mb"),
+    ("crash", 5.0, 70, "it exited with 70"),
+    ("crash", 5.0, -11, "it was killed by signal 11"),
+])
+def test_a_slot_that_died_holding_jobs_is_described_for_their_last_error(
+        reason: str, deadline: float | None, code: int, said: str) -> None:
+    from qcluster.master.slots import death
+
+    assert death(slot("busy", deadline=deadline), reason, code) == said  # type: ignore[arg-type]
