@@ -210,6 +210,16 @@ def test_with_no_queue_to_read_a_degraded_manager_pings_the_broker() -> None:
     assert manager.health() == {"status": "ok"}
 
 
+def two_hosts_planned() -> tuple[ManagerService, Clock]:
+    """A manager whose hosts a and b reported two mail slots each, after one round."""
+    manager, broker, clock = service()
+    broker.ready["mail"] = 5000
+    manager.receive(host_report("a", {"mail": 2}))
+    manager.receive(host_report("b", {"mail": 2}))
+    manager.round()
+    return manager, clock
+
+
 def test_the_log_says_when_a_host_stops_reporting_and_when_it_is_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -218,11 +228,7 @@ def test_the_log_says_when_a_host_stops_reporting_and_when_it_is_back(
     the new plan's decisions). Now one line when a host starts, stops and starts again
     reporting, not one per round."""
     caplog.set_level(logging.INFO, logger="qcluster.manager.service")
-    manager, broker, clock = service()
-    broker.ready["mail"] = 5000
-    manager.receive(host_report("a", {"mail": 2}))
-    manager.receive(host_report("b", {"mail": 2}))
-    manager.round()
+    manager, clock = two_hosts_planned()
 
     def lines() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.name == "qcluster.manager.service"]
@@ -273,11 +279,7 @@ def test_a_master_that_stops_cleanly_leaves_instead_of_staying_dead(
     QclusterHostNotReporting alert fired until someone restarted the manager. A master's
     clean stop now says so and its host goes at once; a report brings it back."""
     caplog.set_level(logging.INFO, logger="qcluster.manager.service")
-    manager, broker, clock = service()
-    broker.ready["mail"] = 5000
-    manager.receive(host_report("a", {"mail": 2}))
-    manager.receive(host_report("b", {"mail": 2}))
-    manager.round()
+    manager, clock = two_hosts_planned()
     http = TestClient(create_app(manager), base_url="http://127.0.0.1")
     assert http.post("/api/v1/hosts/b/leave").status_code == 401  # a token is set
     reply = http.post("/api/v1/hosts/b/leave", headers={"Authorization": "Bearer s3cret"})
