@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import time
@@ -28,8 +29,9 @@ class Client:
     ``qcluster.toml`` > the embedded broker under ``state_dir``.
 
     ``app`` (optional): the application whose queues this producer feeds. With it, a
-    job is refused above its queue's ``max_message_bytes``. Enqueueing to a queue that
-    no app known here declares (``app``, else those below) logs a warning, once per queue.
+    job is refused above its queue's ``max_message_bytes``, and enqueueing to a queue it
+    does not declare logs a warning, once per queue. Without it, so does a near miss of a
+    queue the apps known here declare (those below): a typo, not another app's queue.
 
     Without it, a queue's policies are those of an app that declares it: one this process
     created (imported), else the settings' ``app`` (``QCLUSTER_APP``, ``qcluster.toml``) if
@@ -85,12 +87,8 @@ class Client:
                 spec = settings_app.queues.get(queue)
         if spec is None:
             self._specs[queue] = None
-            if apps:  # a typo'd name would wait forever, unseen
-                logger.warning(
-                    "enqueue to %r: no queue of app %s has that name, so no slot will run "
-                    "these jobs (known: %s)", queue,
-                    " or ".join(sorted({repr(app.name) for app in apps})),
-                    ", ".join(sorted({name for app in apps for name in app.queues})) or "none")
+            if warning := _undeclared(queue, apps, feeds_only=self.app is not None):
+                logger.warning("%s", warning)  # a typo'd name would wait forever, unseen
         else:
             self._declare_as_policy_says(spec)
         return spec
@@ -177,6 +175,27 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Queue names a warning lists at most.
+NAMES_SHOWN = 10
+
+
+def _undeclared(queue: str, apps: list[App], *, feeds_only: bool) -> str:
+    """What to say of ``queue``, which none of ``apps`` declares ('' : nothing). A producer
+    given its ``app`` feeds that app only: any other name is said. Otherwise the apps this
+    process knows may be some of the cluster's: only a near miss of their queues (a typo)
+    is said, another app's queue is not."""
+    known = sorted({name for app in apps for name in app.queues})
+    close = difflib.get_close_matches(queue, known, n=1, cutoff=0.7)
+    if not apps or not (feeds_only or close):
+        return ""
+    more = f" and {len(known) - NAMES_SHOWN} more" if len(known) > NAMES_SHOWN else ""
+    hint = (f"did you mean {close[0]}?" if close
+            else f"known: {', '.join(known[:NAMES_SHOWN]) or 'none'}{more}")
+    names = " or ".join(sorted({repr(app.name) for app in apps}))
+    return (f"enqueue to {queue!r}: no queue of app {names} has that name, so no slot will "
+            f"run these jobs ({hint})")
 
 
 def _settings_app(target: str) -> App | None:

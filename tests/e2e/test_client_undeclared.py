@@ -1,7 +1,7 @@
-"""A producer that enqueues to a queue no app it knows declares is told so, once per queue,
-on stderr: from a script that defines the app (the README's shop.py) as from one whose
-settings name it. A misspelt queue was stored in silence, and its jobs waited for a slot
-that never came."""
+"""A producer that enqueues to a near miss of a queue the apps it knows declare is told so,
+once per queue, on stderr: from a script that defines the app (the README's shop.py) as from
+one whose settings name it. A misspelt queue was stored in silence, and its jobs waited for
+a slot that never came."""
 
 from __future__ import annotations
 
@@ -47,7 +47,15 @@ def test_a_script_defining_the_app_is_told_of_a_misspelt_queue_once(
     said = produce(tmp_path, code)
     assert said.splitlines() == [
         "enqueue to 'emials': no queue of app 'shop' has that name, so no slot will run "
-        "these jobs (known: emails)"], said
+        "these jobs (did you mean emails?)"], said
+
+
+def test_another_apps_queue_says_nothing(tmp_path: Path, redis_url: str) -> None:
+    """This process knows the shop's app, not every app of the cluster: a queue of another
+    (no near miss of the shop's) is not a typo. A bench enqueueing to its own queue beside
+    a fleet of 150 got a warning listing them all."""
+    code = "import shop\n" + ENQUEUE.format(url=redis_url, queues=["thumbnails"])
+    assert produce(tmp_path, code) == ""
 
 
 def test_a_producer_whose_settings_name_the_app_is_told_too(
