@@ -117,26 +117,20 @@ def app_dir(tmp_path: Path) -> Iterator[Path]:
             del sys.modules[name]
 
 
-def test_the_master_names_the_apps_line_not_qclusters(app_dir: Path) -> None:
+@pytest.mark.parametrize(("module", "source", "said"), [
+    ("sig_app_a", "@app.job_queue('thumbs')\ndef thumb(job, size):\n    pass\n",
+     "ConfigError: queue 'thumbs': handler thumb(job, size) cannot be called with one job"),
+    ("sig_app_b", "@app.queue('emails', max_attempt=3)\ndef emails(jobs):\n    pass\n",
+     "ConfigError: queue 'emails': max_attempt"),
+])
+def test_the_master_names_the_apps_line_not_qclusters(
+        app_dir: Path, module: str, source: str, said: str) -> None:
     """It named qcluster/app.py, where the decorator raised: the line to fix is the app's."""
-    (app_dir / "sig_app_a.py").write_text(
-        "from qcluster import App\napp = App()\n\n"
-        "@app.job_queue('thumbs')\ndef thumb(job, size):\n    pass\n")
+    (app_dir / f"{module}.py").write_text("from qcluster import App\napp = App()\n\n" + source)
     with pytest.raises(AppImportError) as caught:
-        load_app_checked("sig_app_a")
+        load_app_checked(module)
     assert str(caught.value).startswith(
-        f"cannot import app module 'sig_app_a': {app_dir / 'sig_app_a.py'}:4: ConfigError: "
-        "queue 'thumbs': handler thumb(job, size) cannot be called with one job")
-
-
-def test_a_bad_policy_names_the_apps_line_too(app_dir: Path) -> None:
-    (app_dir / "sig_app_b.py").write_text(
-        "from qcluster import App\napp = App()\n\n"
-        "@app.queue('emails', max_attempt=3)\ndef emails(jobs):\n    pass\n")
-    with pytest.raises(AppImportError) as caught:
-        load_app_checked("sig_app_b")
-    assert f"{app_dir / 'sig_app_b.py'}:4: ConfigError: queue 'emails': max_attempt" in str(
-        caught.value)
+        f"cannot import app module {module!r}: {app_dir / module}.py:4: {said}")
 
 
 def test_a_failure_hook_that_cannot_take_the_failure_is_refused_at_import() -> None:
