@@ -7,7 +7,6 @@ loop (qcluster.slot.aio).
 from __future__ import annotations
 
 import asyncio
-import difflib
 import hashlib
 import importlib
 import inspect
@@ -30,7 +29,7 @@ from qcluster.errors import (
 )
 from qcluster.hooks import DEFAULT_HOOK_TIMEOUT_S, FailureHook, HookSpec
 from qcluster.job import Job
-from qcluster.names import check_queue_name
+from qcluster.names import check_queue_name, closest
 from qcluster.periodic import CatchUp, PeriodicSpec, periodic_spec
 from qcluster.policy import QueuePolicy
 
@@ -222,11 +221,11 @@ class App:
             # Another app's queue is fine (one file may serve several apps, and the
             # manager's planning reads it too); a near miss is a typo whose settings
             # apply to nothing.
-            close = difflib.get_close_matches(name, sorted(self.queues), n=1, cutoff=0.7)
+            close = closest(name, self.queues, cutoff=0.7)
             if close:
                 logger.warning("[queues.%s] in the configuration: app %r declares no such "
                                "queue (did you mean %s?): its settings apply to no slot",
-                               name, self.name, close[0])
+                               name, self.name, close)
         return merged
 
 

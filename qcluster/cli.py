@@ -9,7 +9,6 @@ print one clear line and exit with the code of :mod:`qcluster.exitcodes`; no tra
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from qcluster.cli_support import (
 )
 from qcluster.config import Settings
 from qcluster.errors import EnvelopeError, QClusterError
+from qcluster.names import closest
 
 if TYPE_CHECKING:
     from qcluster.client import Client
@@ -154,8 +154,8 @@ def _check_declared(application: Any, queue: str, force: bool) -> None:
     with --force, say it once and go on. No app: nothing to check against."""
     if application is None or queue in application.queues:
         return
-    close = difflib.get_close_matches(queue, sorted(application.queues), n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]}?)" if close else ""
+    close = closest(queue, application.queues)
+    hint = f" (did you mean {close}?)" if close else ""
     if not force:
         raise UsageError(f"no queue of the app is named {queue!r}{hint}: no slot would run "
                          "these jobs; --force enqueues them anyway")

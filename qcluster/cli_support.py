@@ -34,6 +34,7 @@ from qcluster.errors import (
     InvalidQueueName,
     QClusterError,
 )
+from qcluster.names import closest
 
 err = Console(stderr=True)
 out = Console()
@@ -104,7 +105,6 @@ def warn_misspelt_variables(environ: Any = None) -> list[str]:
     """One warning line per ``QCLUSTER_*`` variable that is no setting but nearly one
     (``QCLUSTER_BROKER`` for ``QCLUSTER_BROKER_URL``): it would be ignored in silence.
     Other ``QCLUSTER_*`` names (a deployment's own, e.g. QCLUSTER_REDIS_PASSWORD) pass."""
-    import difflib
     import os
 
     known = {f"QCLUSTER_{name.upper()}" for name in Settings.model_fields} | {"QCLUSTER_CONFIG"}
@@ -112,9 +112,9 @@ def warn_misspelt_variables(environ: Any = None) -> list[str]:
     for name in sorted(environ if environ is not None else os.environ):
         if not name.startswith("QCLUSTER_") or name in known:
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+        close = closest(name, known, cutoff=0.85)
         if close:
-            said.append(f"warning: {name} is not a qcluster setting (did you mean {close[0]}?):"
+            said.append(f"warning: {name} is not a qcluster setting (did you mean {close}?):"
                         " it is ignored")
             err.print(escape(said[-1]), highlight=False, soft_wrap=True)
     return said

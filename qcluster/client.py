@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import time
@@ -14,7 +13,7 @@ from qcluster import otel
 from qcluster.broker import Broker, DeadJob, open_broker
 from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, check_delay, encode_new_jobs
 from qcluster.jobs import JobInfo
-from qcluster.names import check_queue_name
+from qcluster.names import check_queue_name, closest
 
 if TYPE_CHECKING:
     from qcluster.app import App, QueueSpec
@@ -187,11 +186,11 @@ def _undeclared(queue: str, apps: list[App], *, feeds_only: bool) -> str:
     process knows may be some of the cluster's: only a near miss of their queues (a typo)
     is said, another app's queue is not."""
     known = sorted({name for app in apps for name in app.queues})
-    close = difflib.get_close_matches(queue, known, n=1, cutoff=0.7)
+    close = closest(queue, known, cutoff=0.7)
     if not apps or not (feeds_only or close):
         return ""
     more = f" and {len(known) - NAMES_SHOWN} more" if len(known) > NAMES_SHOWN else ""
-    hint = (f"did you mean {close[0]}?" if close
+    hint = (f"did you mean {close}?" if close
             else f"known: {', '.join(known[:NAMES_SHOWN]) or 'none'}{more}")
     names = " or ".join(sorted({repr(app.name) for app in apps}))
     return (f"enqueue to {queue!r}: no queue of app {names} has that name, so no slot will "

@@ -9,7 +9,6 @@ the job (nor a record of it); 1 ``purge`` declined at the prompt.
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 from typing import Annotated, Any
@@ -30,7 +29,7 @@ from qcluster.cli_support import (
 )
 from qcluster.controls import parse_stored, utc_text
 from qcluster.jobs import JobInfo, payload_of
-from qcluster.names import check_queue_name
+from qcluster.names import check_queue_name, closest
 
 #: ``qcluster job``: no queue holds the job, nor a record of it.
 JOB_NOT_FOUND = 15
@@ -280,8 +279,8 @@ def _warn_unknown(queue_broker: Any, queue: str) -> None:
     known = sorted(queue_broker.queues())
     if queue in known:
         return
-    close = difflib.get_close_matches(queue, known, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]}?)" if close else ""
+    close = closest(queue, known)
+    hint = f" (did you mean {close}?)" if close else ""
     err.print(escape(f"warning: the broker knows no queue named {queue!r}{hint}"),
               highlight=False, soft_wrap=True)
 

@@ -9,7 +9,9 @@ names, and is printed by rich (brackets are markup). Every entry point checks it
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 
 from qcluster.errors import InvalidQueueName
@@ -37,3 +39,10 @@ def check_queue_name(name: str) -> str:
     if not isinstance(name, str):
         raise InvalidQueueName(f"queue name must be a string, not {type(name).__name__}")
     return _checked(name)
+
+
+def closest(name: str, known: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The known name ``name`` most likely misspells (for a "did you mean"), or None. A
+    higher ``cutoff`` for a warning nobody asked for: a near miss only, not a neighbour."""
+    found = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
+    return found[0] if found else None
