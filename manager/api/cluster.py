@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse
 
 from qcluster.manager.api.deps import NamePath, ServiceDep
 from qcluster.messages import HistoryPoint
+from qcluster.names import closest
 
 router = APIRouter(tags=["cluster"])
 
@@ -24,6 +25,17 @@ def cluster(service: ServiceDep) -> JSONResponse:
     return JSONResponse(body)
 
 
-@router.get("/api/v1/queues/{queue}/history")
+@router.get("/api/v1/queues/{queue}/history",
+            responses={404: {"description": "no queue of that name is known"}})
 def history(queue: NamePath, service: ServiceDep) -> list[HistoryPoint]:
-    return service.queue_history(queue)
+    """The queue's last hour, one point per round; 404 for a name no master, no policy
+    and no round has known (a typo would otherwise read as a queue with no history)."""
+    points = service.queue_history(queue)
+    if points:
+        return points
+    known = service.known_names("pause")
+    if queue not in known:
+        like = closest(queue, known)
+        hint = f" (did you mean {like!r}?)" if like else ""
+        raise HTTPException(404, f"no queue {queue!r} is known to this manager{hint}")
+    return points

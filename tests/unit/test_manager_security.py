@@ -203,3 +203,17 @@ def test_control_endpoints_refuse_names_outside_the_rule(
 
 def test_history_of_a_name_outside_the_rule_is_422(client: TestClient) -> None:
     assert client.get("/api/v1/queues/a%20b/history").status_code == 422
+
+
+def test_history_of_a_queue_nobody_knows_is_404_naming_the_closest(
+    client: TestClient, service: ManagerService
+) -> None:
+    """A misspelt queue's history was 200 [], which reads as a queue with no rounds yet.
+    A queue a master reported is known (200) even before its first round."""
+    service.receive(report("host-a", {"mail": 1}))
+    assert client.get("/api/v1/queues/mail/history").status_code == 200
+    answer = client.get("/api/v1/queues/mial/history")
+    assert answer.status_code == 404
+    assert answer.json()["detail"] == ("no queue 'mial' is known to this manager "
+                                       "(did you mean 'mail'?)")
+    assert "did you mean" not in client.get("/api/v1/queues/zzzz/history").json()["detail"]
