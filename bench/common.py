@@ -49,10 +49,21 @@ def _broker_urls() -> tuple[str, str]:
     return redis_url, rabbitmq_url
 
 
-REDIS, RABBITMQ = _broker_urls()
 STATE_DIR = ROOT / ".qcluster" / "bench"
 EMBEDDED = f"embedded://{STATE_DIR}"
-BROKERS = {"redis": REDIS, "rabbitmq": RABBITMQ, "embedded": EMBEDDED}
+_STARTED: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``REDIS``, ``RABBITMQ`` and ``BROKERS`` (the three by backend), started on first use:
+    a bench that needs no broker (the planner's, the simulator's) starts none."""
+    if name not in ("REDIS", "RABBITMQ", "BROKERS"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _STARTED:
+        redis_url, rabbitmq_url = _broker_urls()
+        _STARTED.update(REDIS=redis_url, RABBITMQ=rabbitmq_url, BROKERS={
+            "redis": redis_url, "rabbitmq": rabbitmq_url, "embedded": EMBEDDED})
+    return _STARTED[name]
 
 
 def unique(name: str) -> str:
@@ -158,7 +169,7 @@ def versions() -> dict[str, Any]:
             info[package] = version(package)
         except Exception:  # not installed is a fact worth printing, not a failure
             info[package] = None
-    client = redis.Redis.from_url(REDIS)
+    client = redis.Redis.from_url(__getattr__("REDIS"))
     info["redis-server"] = client.info("server")["redis_version"]
     client.close()
     return info
