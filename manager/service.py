@@ -239,7 +239,7 @@ class ManagerService(RoundLoop):
         job = found.job
         return JobInfo(id=job.id, queue=job.queue, state="running", since=job.taken_at,
                        started_at=job.taken_at, attempts=job.attempts, host=found.host,
-                       slot=f"{job.queue}-{job.slot_no}",
+                       slot=str(job.slot_no),
                        note=None if job.started else "taken, waiting its turn in its batch")
 
     def job_page(self, queue: str, state: str, offset: int, limit: int) -> JobPage:

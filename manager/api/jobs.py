@@ -98,7 +98,7 @@ def placed(service: ManagerService, jobs: list[JobInfo]) -> list[JobInfo]:
     with service.lock:
         now = service.clock()
         holders: dict[tuple[str, int | None], tuple[str, str]] = {
-            (slot.queue, slot.take): (host, f"{slot.queue}-{slot.slot_no}")
+            (slot.queue, slot.take): (host, str(slot.slot_no))
             for host, entry in service.state.reporting_hosts(now).items()
             for slot in entry.report.slots if slot.take in tokens}
         policies = service.state.policies(now)

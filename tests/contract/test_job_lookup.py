@@ -23,7 +23,7 @@ def body(queue: str, job_id: str, payload: object) -> bytes:
 def error(job_id: str, attempt: int) -> JobError:
     return JobError.bounded(type="smtplib.SMTPServerDisconnected", message=f"gone {job_id}",
                             traceback="Traceback (most recent call last):\n  boom\n",
-                            host="host-a", slot="emails-1", attempt=attempt, at=time.time())
+                            host="host-a", slot="1", attempt=attempt, at=time.time())
 
 
 def take(broker: Broker, queue: str, count: int = 1) -> list[Delivery]:

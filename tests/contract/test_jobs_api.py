@@ -38,7 +38,7 @@ def dead_letters(broker_url: str, queue: str, ids: list[str]) -> None:
                                     for job_id in ids])
         taken = take(broker, queue, len(ids))
         error = JobError.bounded(type="ValueError", message="bad", traceback="Traceback\n",
-                                 host="h", slot="s-1", attempt=1, at=time.time())
+                                 host="h", slot="1", attempt=1, at=time.time())
         broker.settle(queue, Settlement(dead=[(d, "raised ValueError") for d in taken],
                                         errors={d.id: error for d in taken}))
     finally:

@@ -30,7 +30,7 @@ def dead_letters(url: str, queue: str, ids: list[str]) -> None:
         taken = take(broker, queue, len(ids))
         error = JobError.bounded(type="smtplib.SMTPServerDisconnected", message="went away",
                                  traceback='  File "app.py", line 9, in send\n',
-                                 host="host-a", slot="emails-2", attempt=3, at=time.time())
+                                 host="host-a", slot="2", attempt=3, at=time.time())
         broker.settle(queue, Settlement(dead=[(d, "failed 3 times") for d in taken],
                                         errors={d.id: error for d in taken}))
     finally:
@@ -46,7 +46,7 @@ def test_job_shows_a_dead_letter_with_its_traceback_and_an_unknown_id_exits_15(
     assert "smtplib.SMTPServerDisconnected: went away" in output
     assert 'File "app.py", line 9' in output
     code, output = run("job", "k1", "--broker", redis_url, "--json")
-    assert json.loads(output)["last_error"]["slot"] == "emails-2"
+    assert json.loads(output)["last_error"]["slot"] == "2"
     code, output = run("job", "nope", "--broker", redis_url, "--queue", queue_name,
                        "--manager", "http://127.0.0.1:9")
     assert code == JOB_NOT_FOUND and "no job nope" in output
