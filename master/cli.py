@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import logging
+import os
 import re
 import signal
 import socket
@@ -53,6 +55,34 @@ def clear_metric_files(directory: Path) -> int:
                 path.unlink()
                 removed += 1
     return removed
+
+
+def metrics_directory(configured: Path | None, host: str) -> Path:
+    """Where this master's slots write their metric files: ``QCLUSTER_METRICS_DIR/HOST``
+    (masters of several hosts may share the variable, as two units of one machine share
+    an environment file), else the per-host default."""
+    return configured / host if configured else metrics.default_metrics_dir(host)
+
+
+def hold_metrics_directory(directory: Path, host: str) -> int:
+    """Lock the directory for this master's life (the descriptor stays open; the slots it
+    forks inherit it, so the lock lasts while any of them writes). A second master of the
+    same host name would wipe the first one's files and write over its slots' counts:
+    refused with a ConfigError naming the master that holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / ".master.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(
+            f"another master (pid {holder}) of host {host!r} runs on this machine (it holds "
+            f"{directory}): give each master its own --host-name") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 def parse_slots(text: str) -> dict[str, int]:
@@ -153,9 +183,10 @@ def _prepare(settings: Settings, slots: str | None, host_name: str | None, liste
     identity.set_identity(name)  # the slots it forks inherit it (process titles, errors)
     identity.set_title("master", with_generation=False)
     if metrics_on:
-        directory = settings.metrics_dir or metrics.default_metrics_dir(name)
-        clear_metric_files(Path(directory))
-        metrics.prepare_multiprocess_dir(Path(directory), wipe=False)
+        directory = metrics_directory(settings.metrics_dir, name)
+        hold_metrics_directory(directory, name)
+        clear_metric_files(directory)
+        metrics.prepare_multiprocess_dir(directory, wipe=False)
     application = load_app_checked(settings.app).with_overrides(settings.queues)
     for queue in row or ():
         application.spec(queue)

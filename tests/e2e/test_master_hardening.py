@@ -9,9 +9,12 @@ import signal
 from collections import defaultdict
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from qcluster.client import Client
-from tests.conftest import wait_until
-from tests.e2e.cluster import Procs, executed, get_json
+from qcluster.exitcodes import CONFIG
+from tests.conftest import free_port, wait_until
+from tests.e2e.cluster import Procs, executed, get_json, get_text
 from tests.e2e.test_master import start_master
 
 JOBS = 6
@@ -81,8 +84,8 @@ def test_sighup_does_not_stop_the_master_or_its_slots(
 def test_master_keeps_a_users_file_in_the_metrics_directory(
     procs: Procs, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    metrics_dir = tmp_path / "metrics"
-    metrics_dir.mkdir()
+    metrics_dir = tmp_path / "metrics" / "test"  # QCLUSTER_METRICS_DIR/HOST
+    metrics_dir.mkdir(parents=True)
     (metrics_dir / "notes.txt").write_text("mine")
     (metrics_dir / "counter_slot7.db").write_bytes(b"\0" * 16)  # stale: a past slot 7
     start_master(procs, redis_url, f"{prefix}-work=1")
@@ -126,5 +129,49 @@ def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
             return True
+    except OSError:
+        return False
+
+
+def jobs_counted(port: int, queue: str) -> float:
+    families = text_string_to_metric_families(get_text(port, "/metrics"))
+    return sum(s.value for f in families if f.name == "qcluster_jobs"
+               for s in f.samples if s.name.endswith("_total") and s.labels.get("queue") == queue)
+
+
+def test_masters_sharing_a_metrics_directory_keep_their_own_counts(
+    procs: Procs, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """QCLUSTER_METRICS_DIR shared by masters of two host names (one environment file for
+    two units): each writes under its host name, and a second master of the same name is
+    refused at start. Before, the later master wiped the first one's files at its start
+    and its slot 0 wrote into the same files as the first one's slot 0."""
+    port = start_master(procs, redis_url, f"{prefix}-work=1")
+    with Client(redis_url) as client:
+        client.enqueue_many(f"{prefix}-work", [{"n": n} for n in range(20)])
+        wait_until(lambda: jobs_counted(port, f"{prefix}-work") >= 20, timeout_s=60,
+                   message="the first master counts its 20 jobs")
+        twin = procs.start("twin", "master", "--app", "tests.apps.master_apps", "--broker",
+                           redis_url, "--slots", f"{prefix}-high=1", "--host-name", "test",
+                           "--listen", f"127.0.0.1:{free_port()}")
+        assert twin.wait(timeout=60) == CONFIG, procs.log("twin")
+        assert "another master (pid " in procs.log("twin")
+        assert "of host 'test' runs on this machine" in procs.log("twin")
+        other = free_port()
+        procs.start("other", "master", "--app", "tests.apps.master_apps", "--broker",
+                    redis_url, "--slots", f"{prefix}-high=1", "--host-name", "other",
+                    "--listen", f"127.0.0.1:{other}")
+        wait_until(lambda: _serves(other), timeout_s=60, message="the other master's slot up")
+        client.enqueue_many(f"{prefix}-high", [{"n": n} for n in range(5)])
+        wait_until(lambda: jobs_counted(other, f"{prefix}-high") >= 5, timeout_s=60,
+                   message="the other master counts its 5 jobs")
+    assert jobs_counted(port, f"{prefix}-work") == 20  # kept through the other's start
+    assert jobs_counted(port, f"{prefix}-high") == 0
+    assert jobs_counted(other, f"{prefix}-work") == 0
+
+
+def _serves(port: int) -> bool:
+    try:
+        return any(s["state"] != "starting" for s in get_json(port, "/api/v1/slots"))
     except OSError:
         return False
