@@ -20,6 +20,7 @@ from qcluster.jobs import JobInfo, JobPage
 from qcluster.manager.broker_watch import BROKER_CHECK_INTERVAL_S
 from qcluster.manager.controls.store import ControlStore
 from qcluster.manager.held_lookup import HeldLookup, LookupsBusy
+from qcluster.manager.host_owners import HostOwners
 from qcluster.manager.job_reads import JobReads, JobReadsBusy
 from qcluster.manager.planning.periodic import PeriodicJobView
 from qcluster.manager.planning.recorder import Recorder
@@ -66,6 +67,8 @@ class ManagerService(RoundLoop):
         self.job_reads = JobReads(lambda: self.broker)
         """Job lookups and pages: off ``broker_lock`` (manager/job_reads.py)."""
         self.holders = HeldLookup()
+        self.owners = HostOwners()
+        """The master holding each host name (two masters under one name are refused)."""
         """Jobs looked up that the broker cannot place, asked of the masters."""
         self.reporting: set[str] = set()
         """The hosts reporting at the last round: the log says when one stops or starts."""
@@ -129,6 +132,7 @@ class ManagerService(RoundLoop):
 
     def leave(self, host: str) -> bool:
         """A master that stopped cleanly: forget its host (False: not known)."""
+        self.owners.forget(host)
         with self.lock:
             known = self.state.forget_host(host)
             self.reporting.discard(host)

@@ -242,12 +242,14 @@ class ClusterState:
 
     def reporting_hosts(self, now: float) -> dict[str, HostEntry]:
         """The hosts whose last report is recent (drained ones included)."""
-        expiry = self.cfg.host_expiry_intervals
-        return {
-            name: entry for name, entry in self.hosts.items()
-            if now - entry.received_at
-            <= max(MIN_EXPIRY_S, expiry * max(entry.report.interval_s, self.cfg.interval_s))
-        }
+        return {name: entry for name, entry in self.hosts.items()
+                if now - entry.received_at <= self.expiry_s(entry.report.interval_s)}
+
+    def expiry_s(self, report_interval_s: float) -> float:
+        """How long a host whose master reports every ``report_interval_s`` stays alive
+        after its last report."""
+        return max(MIN_EXPIRY_S, self.cfg.host_expiry_intervals
+                   * max(report_interval_s, self.cfg.interval_s))
 
     def hosts_seen(self, now: float) -> dict[str, HostSeen]:
         """Every known host's code as a rollout reads it (``manager/reloads/rollout.py``)."""

@@ -8,8 +8,11 @@ logged once with its hint.
 
 from __future__ import annotations
 
+import datetime
+import functools
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -74,7 +77,16 @@ def build_report(sup: Supervisor, interval_s: float, generation: int,
         fatal={q: why[:2000] for q, why in snap.fatal.items()},
         searched=list(searched),
         held=held_jobs(sup, snap.slots, searched),
+        master=this_master(),
     )
+
+
+@functools.cache
+def this_master() -> str:
+    """This master process in words, as the manager names it when two masters report
+    under one host name: its PID, its machine and when it started."""
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"pid {os.getpid()} on machine {socket.gethostname()}, started {started}"
 
 
 def held_jobs(sup: Supervisor, slots: Sequence[SlotInfo], searched: Sequence[str]) -> list[HeldJob]:

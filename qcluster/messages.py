@@ -310,6 +310,10 @@ class HostReport(_Msg):
     """The ids of the last Assignment.find_jobs, looked for in every slot's take."""
     held: Annotated[list[HeldJob], Field(max_length=MAX_FIND_JOBS)] = []
     """Those of ``searched`` that a slot of this host holds now."""
+    master: Annotated[str, Field(max_length=200)] = ""
+    """This master process, in words (its PID, machine and start): two masters reporting
+    under one host name are told apart and the second is refused (manager/host_owners.py).
+    Empty from an older master."""
 
 
 class Assignment(_Msg):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
@@ -34,17 +34,26 @@ async def report(body: HostReport, service: ServiceDep, request: Request) -> Ass
     refusal = mismatch(getattr(request.app.state, "cluster", None), body.cluster,
                        who=f"master {body.host}")
     if refusal is not None:
-        refused: set[str] | None = getattr(request.app.state, "refused_hosts", None)
-        if refused is None:
-            refused = request.app.state.refused_hosts = set()
-        if body.host not in refused:  # every report is refused; the log says it once
-            refused.add(body.host)
-            logger.error("refused the report of %s", refusal)
-        raise HTTPException(409, refusal)
+        _refuse(request, body.host, f"refused the report of {refusal}", refusal)
+    twin = service.owners.refusal(body.host, body.master, service.clock(),
+                                  service.state.expiry_s(body.interval_s))
+    if twin is not None:
+        _refuse(request, f"{body.host} {body.master}", f"refused a report: {twin}", twin)
     if service.learned is not None:
         service.learned.learn(body.host, body.periodic)
     reply = service.try_receive(body)
     return reply if reply is not None else await run_in_threadpool(service.receive, body)
+
+
+def _refuse(request: Request, key: str, line: str, detail: str) -> NoReturn:
+    """409 with ``detail``; ``line`` logged once per ``key`` (every report is refused)."""
+    refused: set[str] | None = getattr(request.app.state, "refused_hosts", None)
+    if refused is None:
+        refused = request.app.state.refused_hosts = set()
+    if key not in refused:
+        refused.add(key)
+        logger.error("%s", line)
+    raise HTTPException(409, detail)
 
 
 class ReportRoute(APIRoute):

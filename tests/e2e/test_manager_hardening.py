@@ -5,6 +5,7 @@ is refused at start (one line, no traceback), the Host check whatever the loopba
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,3 +145,37 @@ def test_a_master_stopped_cleanly_leaves_and_a_killed_one_stays_dead(
     assert "host stopped left: its master stopped" in procs.log("manager")
     wait_until(lambda: "host killed stopped reporting" in procs.log("manager"), timeout_s=30,
                message="the manager logs the killed host's silence")
+
+
+def test_two_masters_under_one_host_name_are_told_apart(procs: Procs, redis_url: str) -> None:
+    """Two machines with one hostname (or a copied unit without --host-name) each reported
+    as the same host, and the manager planned it from their alternating reports without a
+    word. Now the newer master holds the name, the other's reports are refused naming
+    both (the manager's log and the refused master's), and once the holder stops the
+    other is heard again."""
+    port = free_port()
+    procs.env["QCLUSTER_TOKEN"] = TOKEN
+    procs.start("manager", "manager", "--broker", redis_url, "--listen", f"127.0.0.1:{port}",
+                "--interval", "0.5")
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
+    masters = {}
+    for name in ("first", "second"):  # one machine here: a metrics directory each
+        procs.env["QCLUSTER_METRICS_DIR"] = str(procs.workdir / f"metrics-{name}")
+        masters[name] = procs.start(f"master-{name}", "master", "--app", APP, "--broker",
+                                    redis_url, "--manager", f"http://127.0.0.1:{port}",
+                                    "--host-name", "twin", "--listen", f"127.0.0.1:{free_port()}")
+        wait_until(lambda: "twin" in {h["name"] for h in (try_json(port, "/api/v1/cluster")
+                                                          or {"hosts": []})["hosts"]},
+                   timeout_s=60, message="host twin reporting")
+    said = "host name 'twin' is reported by two masters"
+    wait_until(lambda: said in procs.log("master-first"), timeout_s=30,
+               message="the replaced master told why its reports are refused")
+    assert said in procs.log("manager") and "--host-name" in procs.log("manager")
+    assert procs.log("manager").count(said) == 1  # once, not every report
+    assert said not in procs.log("master-second")
+    time.sleep(2.0)  # four report intervals: the first stays refused while the second reports
+    assert "reachable again" not in procs.log("master-first")
+    masters["second"].terminate()
+    assert masters["second"].wait(60) == 0
+    wait_until(lambda: "reachable again" in procs.log("master-first"), timeout_s=30,
+               message="the first master heard again once the second left")
