@@ -32,7 +32,7 @@ from pydantic_settings import (
 
 from qcluster.broker.urls import AMQP_SCHEMES, join_urls, split_urls
 from qcluster.errors import ConfigError, InvalidQueueName, field_reasons
-from qcluster.names import check_queue_name
+from qcluster.names import check_queue_name, closest
 from qcluster.policy import QueuePolicy
 from qcluster.security import check_token_strength
 
@@ -156,9 +156,8 @@ class Settings(BaseSettings):
                 raise ValueError(f"[queues.{json.dumps(name)}]: {exc}") from None
             unknown = sorted(set(overrides) - allowed)
             if unknown:
-                raise ValueError(
-                    f"[queues.{name}] has unknown key(s) {unknown}; allowed: {sorted(allowed)}"
-                )
+                raise ValueError(f"[queues.{name}] has unknown key(s) {unknown}"
+                                 + _did_you_mean(unknown, allowed))
             _check_overrides(name, overrides)
         return value
 
@@ -191,6 +190,28 @@ def _check_overrides(queue: str, overrides: dict[str, Any]) -> None:
 
 def _reason(message: str) -> str:
     return message.removeprefix("Value error, ")
+
+
+def _did_you_mean(unknown: list[str], allowed: set[str]) -> str:
+    """``' (did you mean 'x'?)'`` for a misspelt key, else the keys allowed."""
+    like = [found for key in unknown if (found := closest(key, allowed)) is not None]
+    if like:
+        return f" (did you mean {', '.join(map(repr, like))}?)"
+    return f"; allowed: {sorted(allowed)}"
+
+
+def _unknown_setting(loc: tuple[Any, ...]) -> str:
+    """Why an extra key is refused, with the closest setting of its section."""
+    model: Any = Settings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        model = field.annotation if field is not None else None
+    if not hasattr(model, "model_fields"):
+        return "unknown setting"
+    section = f" in [{'.'.join(map(str, loc[:-1]))}]" if len(loc) > 1 else ""
+    like = closest(str(loc[-1]), model.model_fields)
+    hint = f" (did you mean {like!r}?)" if like else ""
+    return f"unknown setting{section}{hint}"
 
 
 def resolve_config_path(explicit: str | Path | None) -> Path | None:
@@ -252,8 +273,9 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         loc = error.get("loc", ())
         field = ".".join(str(p) for p in loc) or "(root)"
         got = "a secret, not shown" if loc and loc[0] in SECRET_FIELDS else repr(error.get("input"))
-        problems.append(f"{field}{_field_source(loc)}: "
-                        f"{_reason(error.get('msg', ''))} (got {got})")
+        reason = (_unknown_setting(loc) if error.get("type") == "extra_forbidden"
+                  else _reason(error.get("msg", "")))
+        problems.append(f"{field}{_field_source(loc)}: {reason} (got {got})")
     where = str(path) if path else "settings (environment / flags)"
     return f"invalid configuration in {where}: " + "; ".join(problems)
 

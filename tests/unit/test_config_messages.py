@@ -98,3 +98,24 @@ def test_a_misspelt_queue_section_is_logged_with_the_queue_meant(
         "[queues.emial] in the configuration: app 'shop' declares no such queue (did you "
         "mean emails?): its settings apply to no slot"]
     assert merged.queues["emails"].policy.max_slots == 4
+
+
+@pytest.mark.parametrize("toml, says", [
+    ("[queues.mail]\nbatch_sise = 10\n",
+     "[queues.mail] has unknown key(s) ['batch_sise'] (did you mean 'batch_size'?)"),
+    ("[manger]\ninterval = 2\n", "manger: unknown setting (did you mean 'manager'?)"),
+    ("[master]\ngracefull_timeout_s = 2\n",
+     "master.gracefull_timeout_s: unknown setting in [master] (did you mean "
+     "'graceful_timeout_s'?)"),
+    ('brokr_url = "redis://x"\n', "brokr_url: unknown setting (did you mean 'broker_url'?)"),
+    ("[queues.mail]\nzzzz = 1\n", "['zzzz']; allowed: ['batch_size', "),
+])
+def test_a_misspelt_setting_names_the_one_it_misses(tmp_path: Path, toml: str,
+                                                    says: str) -> None:
+    """A typo read 'Extra inputs are not permitted', or listed every policy key, and left
+    the user to find which one they meant."""
+    config = tmp_path / "qcluster.toml"
+    config.write_text(toml)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert says in str(caught.value)
