@@ -237,7 +237,8 @@ def _checked_policy(name: str, policy: dict[str, Any]) -> QueuePolicy:
     try:
         return QueuePolicy(**policy)
     except ValidationError as exc:
-        raise ConfigError(f"queue {name!r}: {field_reasons(exc.errors())}") from None
+        reasons = field_reasons(exc.errors(), known=QueuePolicy.model_fields)
+        raise ConfigError(f"queue {name!r}: {reasons}") from None
 
 
 def _with_policy(spec: QueueSpec, policy: QueuePolicy | None = None, *,

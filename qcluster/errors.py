@@ -53,16 +53,23 @@ class AppImportError(QClusterError):
 
 
 def field_reasons(errors: Iterable[Mapping[str, Any]], *, prefix: str = "",
-                  whole: str = "policy") -> str:
+                  whole: str = "policy", known: Iterable[str] = ()) -> str:
     """pydantic's ``ValidationError.errors()`` as one line: ``field: reason; field: reason``.
 
     ``prefix`` goes before each field (``queues.mail.``); ``whole`` names an error that is
     about no single field (a model validator's). The ``Value error, `` pydantic puts before
-    a validator's message is dropped.
+    a validator's message is dropped. A key that is not one of ``known`` names the closest
+    that is.
     """
+    from qcluster.names import closest  # qcluster.names raises this module's errors
+
     reasons = []
     for error in errors:
-        where = ".".join(str(part) for part in error.get("loc", ())) or whole
+        loc = error.get("loc", ())
+        where = ".".join(str(part) for part in loc) or whole
         message = str(error.get("msg", "")).removeprefix("Value error, ")
+        if error.get("type") == "extra_forbidden" and known and len(loc) == 1:
+            like = closest(str(loc[0]), known)
+            message = f"unknown key (did you mean {like!r}?)" if like else "unknown key"
         reasons.append(f"{prefix}{where}: {message}")
     return "; ".join(reasons)

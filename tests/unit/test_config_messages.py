@@ -15,7 +15,8 @@ from qcluster.errors import ConfigError
 
 @pytest.mark.parametrize("policy, expected", [
     ({"dead_max_age": float("nan")}, "queue 'x': dead_max_age: Input should be a finite number"),
-    ({"bogus": 1}, "queue 'x': bogus: Extra inputs are not permitted"),
+    ({"bogus": 1}, "queue 'x': bogus: unknown key"),
+    ({"batch_sise": 10}, "queue 'x': batch_sise: unknown key (did you mean 'batch_size'?)"),
     ({"priority": "high", "max_slots": -1},
      "queue 'x': priority: Input should be a valid integer, unable to parse string as an "
      "integer; max_slots: Input should be greater than or equal to 0"),
