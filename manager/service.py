@@ -69,6 +69,8 @@ class ManagerService(RoundLoop):
         self.holders = HeldLookup()
         self.owners = HostOwners()
         """The master holding each host name (two masters under one name are refused)."""
+        self.refused: dict[tuple[str, str], float] = {}
+        """(host, reason) -> when a report under that host name was last refused (409)."""
         """Jobs looked up that the broker cannot place, asked of the masters."""
         self.reporting: set[str] = set()
         """The hosts reporting at the last round: the log says when one stops or starts."""
@@ -129,6 +131,16 @@ class ManagerService(RoundLoop):
         the broker, so a restarted manager keeps it. Raises BrokerError when the broker
         cannot store it (nothing changes then)."""
         return self.desk.set("pause", queue, by)
+
+    def refuse(self, host: str, reason: str) -> None:
+        """A report under ``host`` was refused for ``reason`` (``another_broker``,
+        ``two_masters``): shown by ``/metrics`` while it goes on."""
+        self.refused[(host, reason)] = self.clock()
+
+    def refused_now(self) -> list[tuple[str, str]]:
+        """The (host, reason) pairs refused within the last expiry of a host."""
+        now, within = self.clock(), self.state.expiry_s(self.state.cfg.interval_s)
+        return sorted(key for key, at in list(self.refused.items()) if now - at <= within)
 
     def leave(self, host: str) -> bool:
         """A master that stopped cleanly: forget its host (False: not known)."""

@@ -247,5 +247,7 @@ MANAGER_GAUGES: dict[str, str] = {
     "qcluster_host_up": "1 while the host reports.",  # {host}
     "qcluster_hosts_alive": "Hosts reporting.",
     "qcluster_planning_round_seconds": "Last planning round.",
+    # {host, reason}: another_broker, two_masters
+    "qcluster_reports_refused": "1 while a master's reports under this host name are refused.",
 }
 MANAGER_METRICS = (*MANAGER_QUEUE_GAUGES, *MANAGER_GAUGES)

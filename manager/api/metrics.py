@@ -34,6 +34,12 @@ class ManagerCollector:
         yield up
         yield GaugeMetricFamily("qcluster_hosts_alive", MANAGER_GAUGES["qcluster_hosts_alive"],
                                 value=sum(h.alive for h in view.hosts))
+        refused = GaugeMetricFamily("qcluster_reports_refused",
+                                    MANAGER_GAUGES["qcluster_reports_refused"],
+                                    labels=["host", "reason"])
+        for name, reason in self.service.refused_now():
+            refused.add_metric([name, reason], 1.0)
+        yield refused
         yield GaugeMetricFamily(
             "qcluster_planning_round_seconds", MANAGER_GAUGES["qcluster_planning_round_seconds"],
             value=self.service.last_round_s)

@@ -173,6 +173,8 @@ def test_two_masters_under_one_host_name_are_told_apart(procs: Procs, redis_url:
     assert said in procs.log("manager") and "--host-name" in procs.log("manager")
     assert procs.log("manager").count(said) == 1  # once, not every report
     assert said not in procs.log("master-second")
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert 'qcluster_reports_refused{host="twin",reason="two_masters"} 1.0' in metrics
     time.sleep(2.0)  # four report intervals: the first stays refused while the second reports
     assert "reachable again" not in procs.log("master-first")
     masters["second"].terminate()
