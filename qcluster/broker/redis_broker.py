@@ -189,6 +189,12 @@ class RedisBroker(Broker):
         except CONNECTION_ERRORS as exc:
             raise BrokerUnavailable(f"Redis at {self.safe_url} unreachable: {exc}") from exc
         except redis.RedisError as exc:
+            if "maxmemory" in str(exc):  # OOM: a plain command's and a script's wording
+                raise BrokerError(
+                    f"Redis at {self.safe_url} is full (used memory above its maxmemory): it "
+                    "refuses new jobs, retries and dead letters until memory is freed (slots "
+                    "that finish jobs free it; so do qcluster purge and qcluster dead "
+                    "--delete) or maxmemory is raised") from exc
             raise BrokerError(f"Redis at {self.safe_url}: {exc}") from exc
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:

@@ -7,6 +7,7 @@ import json
 import stat
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from qcluster import App, Client, Job
 from qcluster.broker import Broker, open_broker
 from qcluster.broker.embedded import redis_server_binary
 from qcluster.broker.redis_broker import RedisBroker
-from qcluster.errors import ConfigError, InvalidDelay, InvalidQueueName
+from qcluster.errors import BrokerError, ConfigError, InvalidDelay, InvalidQueueName
 from qcluster.job import Delivery, Envelope
 from qcluster.slot.runtime import SlotRunner
 from tests.conftest import QCLUSTER, free_port, qcluster_env, start_qcluster, wait_until
@@ -485,3 +486,28 @@ def test_config_errors_keep_their_bracketed_section_names(tmp_path: Path) -> Non
     result = qcluster("stats", "--config", str(config))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "[queues.foo]" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("private_redis", [["--maxmemory", "3mb", "--maxmemory-policy",
+                                            "noeviction"]], indirect=True)
+def test_a_full_redis_says_so_and_slots_that_finish_jobs_free_it(private_redis: str) -> None:
+    """A Redis at its maxmemory refused a job with 'command not allowed when used memory
+    > 'maxmemory'. script: 2360fca1..., on @user_script:22.': it now says it is full and
+    what frees it. Taking and acknowledging jobs still work there (they free memory), and
+    a job is accepted again once they did."""
+    broker = open_broker(private_redis)
+    body = json.dumps({"pad": "x" * 500}).encode()
+    published = 0
+    with pytest.raises(BrokerError) as full:
+        for _ in range(10_000):
+            broker.publish_many("q", [(uuid.uuid4().hex, body) for _ in range(100)])
+            published += 100
+    message = str(full.value)
+    assert "is full (used memory above its maxmemory)" in message, message
+    assert "script:" not in message and "qcluster purge" in message
+    assert published > 0
+    taken = broker.take("q", max_jobs=published, lock_timeout_s=30)
+    assert taken
+    broker.ack("q", taken)
+    assert broker.publish("q", uuid.uuid4().hex, body)
+    broker.close()
