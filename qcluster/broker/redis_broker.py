@@ -192,8 +192,8 @@ class RedisBroker(Broker):
             if "maxmemory" in str(exc):  # OOM: a plain command's and a script's wording
                 raise BrokerError(
                     f"Redis at {self.safe_url} is full (used memory above its maxmemory): it "
-                    "refuses new jobs, retries and dead letters until memory is freed (slots "
-                    "that finish jobs free it; so do qcluster purge and qcluster dead "
+                    "refuses the writes that need memory, new jobs first, until memory is freed "
+                    "(slots that finish jobs free it; so do qcluster purge and qcluster dead "
                     "--delete) or maxmemory is raised") from exc
             raise BrokerError(f"Redis at {self.safe_url}: {exc}") from exc
 
