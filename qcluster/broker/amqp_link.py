@@ -102,6 +102,9 @@ class AmqpLink:
         self._live: Any = None
         """The py-amqp connection connect() last saw (the heartbeat thread's)."""
         self._next_tick = 0.0
+        self.blocked_at: float | None = None
+        """time.monotonic() when the broker blocked this connection's publishing (a
+        resource alarm: memory or disk), None while it does not."""
 
     # --- connection handling --------------------------------------------------
 
@@ -115,7 +118,12 @@ class AmqpLink:
             raise BrokerUnavailable(f"RabbitMQ at {self.safe_url} unreachable: {exc}") from exc
         # The live py-amqp connection, for the heartbeat thread (which must never connect):
         # kombu may have reconnected inside ensure_connection, so read it every time.
-        self._live = self.conn.connection
+        live = self.conn.connection
+        if live is not self._live:
+            # Told when the broker blocks and unblocks publishing (py-amqp reads these at
+            # each frame; kombu does not pass them: tests/contract/test_kombu_internals.py).
+            live.on_blocked, live.on_unblocked = self._blocked, self._unblocked
+        self._live = live
         if self._beats is None and self.heartbeat_s > 0:
             self._beats = threading.Thread(
                 target=self._send_heartbeats, args=(self._closed,),
@@ -137,12 +145,25 @@ class AmqpLink:
             except Exception:  # the slot's thread finds out and reconnects
                 logger.debug("sending a heartbeat failed", exc_info=True)
 
+    def _blocked(self, reason: str) -> None:
+        self.blocked_at = time.monotonic()
+        logger.warning("RabbitMQ at %s blocks publishing (a resource alarm, memory or disk: "
+                       "see its log): jobs wait to be stored until it unblocks, at most %g s "
+                       "each", self.safe_url, self.confirm_timeout_s)
+
+    def _unblocked(self) -> None:
+        if self.blocked_at is not None:
+            logger.warning("RabbitMQ at %s unblocked publishing after %.1f s", self.safe_url,
+                           time.monotonic() - self.blocked_at)
+        self.blocked_at = None
+
     def lost(self) -> None:
         """Forget every channel: the broker returns their unacked jobs by itself. The
         parts built on the link forget theirs first (``on_lost``), then the epoch grows."""
         self.on_lost()
         self.epoch += 1
         self._live = None
+        self.blocked_at = None  # a new connection is told again if it is blocked
         self._inspect = None
         try:
             self.conn.collect()

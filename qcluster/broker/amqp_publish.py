@@ -130,6 +130,15 @@ class Publisher:
                     f"RabbitMQ at {self.link.safe_url}: no queue took messages for {queue!r}"
                 )
 
+    def _no_confirm(self) -> str:
+        """Why a publish was not confirmed in time, in one line."""
+        said = (f"RabbitMQ at {self.link.safe_url}: no publisher confirm in "
+                f"{self.link.confirm_timeout_s:g} s")
+        if self.link.blocked_at is None:
+            return said
+        return (f"{said}: it blocks publishing (a resource alarm, memory or disk: see its "
+                "log); the job may still be stored once it unblocks")
+
     def _publish_once(
         self, queue: str, messages: list[Any], countdown: int, dead: DeadRetention | None
     ) -> list[Any]:
@@ -153,6 +162,6 @@ class Publisher:
         deadline = time.monotonic() + self.link.confirm_timeout_s
         while not confirms.all_confirmed():
             if time.monotonic() > deadline:
-                raise BrokerUnavailable(f"RabbitMQ at {self.link.safe_url}: no publisher confirm")
+                raise BrokerUnavailable(self._no_confirm())
             self.link.drain(MAX_BLOCK_S)
         return confirms.returned

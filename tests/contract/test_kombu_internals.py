@@ -15,6 +15,9 @@ Kept for speed or robustness (and why), everything else is public API:
   and reading ``sock`` / ``raise_on_initial_eintr`` / ``connected`` (a third of a slot's
   CPU on RabbitMQ was py-amqp's three recv calls per frame); ``amqp.Connection.Transport``
   and kombu's ``pyamqp.Transport.Connection`` are the hooks that install it.
+- ``amqp.Connection.on_blocked`` / ``on_unblocked`` are set on the live connection after
+  kombu made it (kombu passes neither): RabbitMQ's resource alarms block publishing, and
+  the log and the publish's error say so (amqp_link.AmqpLink).
 - kombu's native delayed delivery helpers (public functions of a module kombu documents
   only through Celery) build each queue's delay ladder.
 The versions these were checked with are pinned in pyproject.toml (upper bounds).
@@ -29,6 +32,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import amqp
+import amqp.connection
 import amqp.serialization
 import amqp.transport
 import kombu
@@ -99,6 +103,19 @@ def _line_of(function: object, text: str) -> int:
     """The file line number of the first line of ``function`` holding ``text``."""
     lines, first = inspect.getsourcelines(function)  # type: ignore[arg-type]
     return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_py_amqp_calls_the_blocked_callbacks_set_after_it_was_made() -> None:
+    """AmqpLink sets ``on_blocked`` / ``on_unblocked`` on the live connection (kombu passes
+    neither): py-amqp must read them when Connection.Blocked / Unblocked arrive."""
+    connection = amqp.Connection("127.0.0.1:1")  # never connected
+    seen: list[str] = []
+    connection.on_blocked = seen.append
+    connection.on_unblocked = lambda: seen.append("unblocked")
+    connection._callbacks[amqp.spec.Connection.Blocked]()
+    connection._callbacks[amqp.spec.Connection.Unblocked]()
+    assert seen == ["connection blocked, see broker logs", "unblocked"]
+    assert amqp.connection.NEGOTIATE_CAPABILITIES["connection.blocked"]  # the broker tells it
 
 
 def test_py_amqp_transport_hooks_the_read_ahead_transport_overrides() -> None:

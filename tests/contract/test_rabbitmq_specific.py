@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from kombu import Connection, Producer
 
 from qcluster import App, Client, Job
 from qcluster.broker import Settlement, open_broker
 from qcluster.broker.kombu_broker import KombuBroker, queue_exchange
+from qcluster.errors import BrokerUnavailable
 from qcluster.slot.runtime import SlotRunner
 from tests.conftest import free_port, rabbitmqctl, wait_until
 
@@ -190,3 +193,38 @@ def test_a_confirmed_publish_is_not_sent_again_for_a_frame_read_behind_its_confi
         assert broker.stats(a).ready == 2, "the confirmed publish was sent again"
     finally:
         broker.close()
+
+
+def test_a_publish_blocked_by_a_resource_alarm_says_so(
+    rabbitmq_url: str, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """During a memory or disk alarm RabbitMQ blocks publishers: an enqueue waited its whole
+    confirm timeout and failed with 'no publisher confirm', nothing said why. Now the block
+    is logged when the broker announces it, the failure names it, and once the alarm
+    clears publishing works again. (The node is this worker's own: its other tests run
+    one at a time.)"""
+    broker = KombuBroker(rabbitmq_url, confirm_timeout_s=3.0)
+    try:
+        broker.publish(queue_name, "before", b'{"n": 0}')
+        rabbitmqctl("set_vm_memory_high_watermark", "0.00001")
+        try:
+            with caplog.at_level(logging.WARNING, logger="qcluster.broker.amqp_link"), \
+                    pytest.raises(BrokerUnavailable) as blocked:
+                broker.publish(queue_name, "during", b'{"n": 1}')
+            assert "no publisher confirm in 3 s: it blocks publishing (a resource alarm, " \
+                   "memory or disk" in str(blocked.value)
+            assert "blocks publishing (a resource alarm, memory or disk: see its log)" \
+                   in caplog.text
+        finally:
+            rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+        wait_until(lambda: _publishes(broker, queue_name), timeout_s=60,
+                   message="publishing again once the alarm cleared")
+    finally:
+        broker.close()
+
+
+def _publishes(broker: KombuBroker, queue: str) -> bool:
+    try:
+        return broker.publish(queue, f"after-{time.monotonic()}", b'{"n": 2}')
+    except BrokerUnavailable:
+        return False
