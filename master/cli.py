@@ -27,7 +27,7 @@ from qcluster.cli_support import (
     setup_logging,
     user_errors,
 )
-from qcluster.config import Settings
+from qcluster.config import DEFAULT_MANAGER_URL, Settings
 from qcluster.errors import ConfigError
 from qcluster.messages import ClusterClaim
 from qcluster.policy import QUEUE_NAME_PATTERN
@@ -150,7 +150,7 @@ def master(
         settings = settings_for(config, broker_url=broker, app=app, manager_url=manager)
         supervisor, address, claim = _prepare(settings, slots, host_name, listen, metrics_on,
                                               config=config, log_level=log_level)
-        manager_url = settings.manager_url if slots is None else None
+        manager_url = None if slots is not None else _manager_url(settings)
         if manager_url:
             check_manager_broker(manager_url, claim, supervisor.host_name)
         code = _run(supervisor, address, manager_url, claim)
@@ -225,6 +225,18 @@ def check_broker(settings: Settings) -> ClusterClaim | None:
         return claim(broker)
     finally:
         broker.close()
+
+
+def _manager_url(settings: Settings) -> str:
+    """The manager this master reports to: ``manager_url``, else the default one on this
+    machine, said at start (a master that reported nowhere ran its queues' min_slots and
+    never said that no manager planned it)."""
+    if settings.manager_url:
+        return settings.manager_url
+    logger.info("reporting to the manager at %s, the default (set --manager, "
+                "QCLUSTER_MANAGER_URL or manager_url in qcluster.toml for another; --slots "
+                "runs a fixed row without one)", DEFAULT_MANAGER_URL)
+    return DEFAULT_MANAGER_URL
 
 
 def check_manager_broker(manager_url: str, mine: ClusterClaim | None, host: str) -> None:

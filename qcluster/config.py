@@ -84,6 +84,11 @@ class ManagerSettings(BaseModel):
     """A recording past this size moves to FILE.1 (replacing an older one); a new one starts."""
 
 
+#: Where masters report and the commands find the manager when no manager_url is set: the
+#: manager's own default listen address, so one machine needs no setting.
+DEFAULT_MANAGER_URL = "http://127.0.0.1:7300"
+
+
 class Settings(BaseSettings):
     """Everything a qcluster process may be configured with."""
 

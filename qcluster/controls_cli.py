@@ -30,7 +30,7 @@ from rich.table import Table
 
 from qcluster import exitcodes
 from qcluster.cli_support import ConfigOpt, err, out, settings_for, user_errors
-from qcluster.config import Settings
+from qcluster.config import DEFAULT_MANAGER_URL, Settings
 from qcluster.controls import utc_text
 from qcluster.errors import ConfigError
 from qcluster.local_token import read_local_token, token_path
@@ -48,7 +48,6 @@ RELOAD_REFUSED = 12
 RELOAD_FAILED = 13
 #: The rollout ended with a host skipped, or ``--wait`` gave up or lost it.
 RELOAD_INCOMPLETE = 14
-DEFAULT_MANAGER_URL = "http://127.0.0.1:7300"
 TIMEOUT_S = 30.0
 #: Seconds between two reads of the rollout under ``--wait``.
 POLL_S = 1.0

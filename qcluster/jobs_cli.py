@@ -27,6 +27,7 @@ from qcluster.cli_support import (
     settings_for,
     user_errors,
 )
+from qcluster.config import DEFAULT_MANAGER_URL
 from qcluster.controls import parse_stored, utc_text
 from qcluster.jobs import JobInfo, payload_of
 from qcluster.names import check_queue_name, closest
@@ -86,7 +87,7 @@ def _where_it_runs(job_id: str, found: JobInfo | None, manager_url: str | None) 
 
     import httpx
 
-    url = (manager_url or "http://127.0.0.1:7300").rstrip("/")
+    url = (manager_url or DEFAULT_MANAGER_URL).rstrip("/")
     try:
         reply = httpx.get(f"{url}/api/v1/jobs/{quote(job_id, safe='')}", timeout=15.0)
         if reply.status_code == 404:
@@ -301,7 +302,7 @@ def _rates(manager_url: str | None) -> tuple[dict[str, tuple[float, float]], str
     """Each queue's (in, out) jobs/s from the manager's view, or a note why there are none."""
     import httpx
 
-    url = (manager_url or "http://127.0.0.1:7300").rstrip("/")
+    url = (manager_url or DEFAULT_MANAGER_URL).rstrip("/")
     try:
         reply = httpx.get(f"{url}/api/v1/cluster", timeout=2.0)
         reply.raise_for_status()

@@ -175,3 +175,18 @@ def _serves(port: int) -> bool:
         return any(s["state"] != "starting" for s in get_json(port, "/api/v1/slots"))
     except OSError:
         return False
+
+
+def test_a_master_without_a_manager_url_reports_to_the_default_one_and_says_so(
+    procs: Procs, redis_url: str
+) -> None:
+    """`qcluster master --host-auto` with no manager_url reported nowhere and said nothing:
+    it ran its queues' min_slots and no manager ever planned it. It now reports to the
+    manager's default address on this machine, says so at start, and says when that
+    manager does not answer (none here: no test listens on the default port)."""
+    procs.start("master", "master", "--app", "tests.apps.master_apps", "--broker", redis_url,
+                "--host-auto", "--host-name", "lonely", "--listen", f"127.0.0.1:{free_port()}")
+    default = "http://127.0.0.1:7300"
+    wait_until(lambda: f"manager {default}/api/v1/reports unreachable" in procs.log("master"),
+               timeout_s=60, message="the master says the default manager does not answer")
+    assert f"reporting to the manager at {default}, the default" in procs.log("master")
