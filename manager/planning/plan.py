@@ -299,14 +299,29 @@ def planned_utilization(policy: QueuePolicy, work: float, job_s: float,
                              target_utilization)
 
 
+class _PredictedP99:
+    """The p99 wait predicted at the slots the work wants, worked out only when a reason
+    is read (a plan is made every round for every queue)."""
+
+    __slots__ = ("job_s", "policy", "utilization", "work")
+
+    def __init__(self, policy: QueuePolicy, work: float, job_s: float,
+                 utilization: float) -> None:
+        self.policy, self.work, self.job_s, self.utilization = policy, work, job_s, utilization
+
+    def __format__(self, spec: str) -> str:
+        servers = max(1, math.ceil(self.work / self.utilization - 1e-9))
+        take_s = self.policy.batch_size * self.job_s
+        return format(predicted_p99_s(servers, round_up(self.work), round_up(take_s)), spec)
+
+
 def _sized_basis(policy: QueuePolicy, basis_args: tuple[object, ...], work: float,
                  job_s: float, utilization: float) -> Why:
     """The reason's basis for a queue sized by its wait: the p99 wait predicted at the
     slots its work wants, and the wait it is kept within."""
-    servers = max(1, math.ceil(work / utilization - 1e-9))
-    p99 = predicted_p99_s(servers, round_up(work), round_up(policy.batch_size * job_s))
     wait = WAIT_SHARE * (policy.target_wait or 0.0)
-    return Why(SIZED, Why(BASIS, *basis_args), p99, wait, utilization)
+    return Why(SIZED, Why(BASIS, *basis_args), _PredictedP99(policy, work, job_s, utilization),
+               wait, utilization)
 
 
 def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]:

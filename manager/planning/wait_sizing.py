@@ -81,11 +81,12 @@ def _quantile(waits: float, servers: int, load: float, take_s: float) -> float:
 
 
 def round_up(value: float) -> float:
-    """``value`` rounded up to SIGNIFICANT_DIGITS (non-decreasing in ``value``)."""
+    """``value`` rounded up to SIGNIFICANT_DIGITS (non-decreasing in ``value``; a value
+    already rounded stays as it is, within float error)."""
     if value <= 0:
         return 0.0
     scale = 10.0 ** (math.floor(math.log10(value)) - SIGNIFICANT_DIGITS + 1)
-    return math.ceil(value / scale) * scale
+    return math.ceil(value / scale - 1e-9) * scale
 
 
 def sized_slots(work: float, take_s: float, wait_s: float, target_utilization: float) -> float:
@@ -131,6 +132,11 @@ def sized_utilization(work: float, take_s: float, wait_s: float,
     slots = sized_slots(work, take_s, wait_s, target_utilization)
     if slots <= 0:
         return max(MAX_UTILIZATION, target_utilization)
+    # At either bound, the bound itself: work / it is then exactly its slots.
+    if slots >= work / target_utilization:
+        return target_utilization
+    if slots <= work / MAX_UTILIZATION:
+        return MAX_UTILIZATION
     return work / slots
 
 
