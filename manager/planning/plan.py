@@ -174,7 +174,7 @@ BASIS = ("load {:.0%}, work {:.2f} slot-s/s ({}, {:.3g} ms/job) + backlog drain 
          " = {:.2f} slots at {:.0%}")
 #: ... and for a queue sized by its wait (the basis, the p99 predicted at the slots its work
 #: wants, the wait it is kept within, the utilization): nested.
-SIZED = "{}; sized by wait: p99 ~{:.2g}s within {:g}s at {:.0%} busy"
+SIZED = "{} (sized by wait: p99 ~{:.2g}s within {:g}s at {:.0%} busy)"
 
 
 @functools.cache  # twice per queue per round, on a handful of priorities
@@ -363,6 +363,8 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
     # The upper edge never lets the plan run its slots past MAX_UTILIZATION: above that,
     # work waits however wide the priority's band. A queue sized by its wait: the sized
     # want is the most its slots may carry (their predicted wait), the edge is the plan.
+    # (Also when its wait needs all the slots the target utilization gives: the usual band
+    # there and this edge just below made a 1-slot queue flap, 1 -> 2 -> 1 every minute.)
     upper = 1.0 if sized else min(1 + band, MAX_UTILIZATION / target_utilization)
     if ratio > upper:
         # (Far above, or no slot: up at once whatever the noise, not computed.)
