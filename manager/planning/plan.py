@@ -10,7 +10,9 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
   the previous round (counted by the caller, ``manager/planning/arrivals.py``) times ``t``, over
   the round's seconds, smoothed across rounds unless the count is beyond Poisson noise of
   the estimate and the count's margin (the jobs the reports may owe: then taken at once,
-  a real change); the window's busy time over its span on the first round;
+  a real change); the window's busy time over its span on the first round (a queue sized
+  by its wait, below, smooths over at least about ``SIZED_SMOOTHING_JOBS`` jobs:
+  :func:`sized_smoothing`);
 * ``want = work / u + max(0, B * t - A) / H`` slots, ``u`` the manager's
   ``target_utilization`` or, for a queue sized by its wait (``size_by = "wait"``), the
   busiest utilization at most ``MAX_UTILIZATION`` at which its slots keep the predicted
@@ -88,8 +90,8 @@ BASE_BAND = 0.30
 BAND_STEP = 0.02
 MIN_BAND = 0.10
 MAX_BAND = 0.50
-#: The band's upper edge is capped so that slots never run busier than this
-#: (``MAX_UTILIZATION``, 0.95, one constant with the sizing by wait's ceiling, imported).
+# The band's upper edge is capped so that slots never run busier than MAX_UTILIZATION
+# (0.95): one constant with the sizing by wait's ceiling, imported from wait_sizing.py.
 #: Beyond ``1 + FAR_BANDS * band`` the planner moves even while the last move is landing.
 FAR_BANDS = 3.0
 #: Rounds ``want`` must stay above the band (not far above) before slots are added: one
