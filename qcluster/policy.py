@@ -93,6 +93,12 @@ class QueuePolicy(BaseModel):
     """A slot whose Private_Dirty passes this recycles itself after its batch."""
     target_wait: float | None = Field(None, gt=0, le=MAX_DURATION_S)
     """Optional: seconds within which a backlog should drain (raises planned slots)."""
+    size_by: Literal["utilization", "wait"] = "utilization"
+    """How the manager sizes the queue: "utilization" (default) plans its slots at the
+    manager's target_utilization; "wait" plans them as busy as its target_wait allows (up
+    to 95%: the fewest slots whose predicted p99 wait stays within half the target_wait,
+    never more than target_utilization gives). Needs a target_wait. Fewer idle slots, less
+    room for a rising rate (docs/manager.md, "Planning")."""
     idle_s: float = Field(DEFAULT_IDLE_S, ge=0, le=MAX_DURATION_S)
     """Seconds a queue that had work keeps one warm slot after its last job before it goes
     to zero (its next job then waits for no fork); 0: released as soon as it is idle.
@@ -150,6 +156,10 @@ class QueuePolicy(BaseModel):
                 "first still runs them. Raise lock_timeout or lower batch_timeout (or set "
                 "only one of them: the other is derived)."
             )
+        if self.size_by == "wait" and self.target_wait is None:
+            raise ValueError(
+                'size_by = "wait" needs a target_wait: the queue is sized by its predicted '
+                'wait against it (set target_wait, or size_by = "utilization")')
         if self.min_slots > self.max_slots:
             raise ValueError(
                 f"min_slots ({self.min_slots}) is above max_slots ({self.max_slots})"

@@ -3,7 +3,8 @@
 diurnal.json: a day compressed into 24 minutes (one simulated minute per hour), four
 queues whose rates follow the day with their own peaks. cold_start_40.json, quiet_queues.json,
 periodic.json, diurnal_slack.json: many queues from cold, quiet queues, periodic jobs, and
-a day of six queues on which slack is judged. large_150x40.json: the seed's
+a day of six queues on which slack is judged; diurnal_day.json: the same six queues over a
+real day, sized by their wait. large_150x40.json: the seed's
 scale, 150 queues on 40 hosts over a real 24 h, each queue's rate following the day,
 planned every 10 s (the benchmark ``python -m bench --only simulator`` runs it).
 """
@@ -116,25 +117,35 @@ def periodic() -> dict[str, Any]:
     return {"duration_s": 3600, "hosts": {"h0": {"slots": 16}}, "queues": queues}
 
 
-def diurnal_slack() -> dict[str, Any]:
+def diurnal_slack(seconds_per_hour: float = 60.0, size_by: str | None = None) -> dict[str, Any]:
     """A day of six queues (one simulated minute per hour) at the default target
-    utilization, each with a target wait: the trace slack is judged on."""
+    utilization, each with a target wait: the trace slack is judged on. ``size_by``: the
+    queues' policy field, when given."""
     spec = [("api", 9, 2, 600, 0.02, 14), ("search", 7, 2, 300, 0.03, 11),
             ("thumbs", 5, 10, 200, 0.05, 20), ("mail", 3, 30, 120, 0.05, 9),
             ("index", 1, 60, 40, 0.2, 16), ("export", 0, 120, 12, 0.5, 3)]
     queues = {}
     for name, priority, target, peak, job_s, hour in spec:
-        queues[name] = {"policy": {"priority": priority, "max_slots": 60, "target_wait": target},
-                        "rate": day_curve(peak, hour, 60.0), "shape": "linear",
-                        "job_time": {"mean_s": job_s}}
-    return {"duration_s": 1440, "hosts": {f"h{i}": {"slots": 20} for i in range(4)},
-            "queues": queues}
+        policy: dict[str, Any] = {"priority": priority, "max_slots": 60, "target_wait": target}
+        if size_by:
+            policy["size_by"] = size_by
+        queues[name] = {"policy": policy, "rate": day_curve(peak, hour, seconds_per_hour),
+                        "shape": "linear", "job_time": {"mean_s": job_s}}
+    return {"duration_s": round(24 * seconds_per_hour),
+            "hosts": {f"h{i}": {"slots": 20} for i in range(4)}, "queues": queues}
+
+
+def diurnal_day() -> dict[str, Any]:
+    """diurnal_slack's six queues over a real day (86,400 s), each sized by its wait
+    (``size_by = "wait"``): the trace the sizing by wait is judged on."""
+    return diurnal_slack(seconds_per_hour=3600.0, size_by="wait")
 
 
 def main() -> None:
     for name, trace in (("diurnal", diurnal()), ("large_150x40", large()),
                         ("cold_start_40", cold_start()), ("quiet_queues", quiet()),
-                        ("periodic", periodic()), ("diurnal_slack", diurnal_slack())):
+                        ("periodic", periodic()), ("diurnal_slack", diurnal_slack()),
+                        ("diurnal_day", diurnal_day())):
         (HERE / f"{name}.json").write_text(json.dumps(trace, indent=1) + "\n")
 
 

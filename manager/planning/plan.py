@@ -10,8 +10,16 @@ handler seconds, ``T_alive`` slot-alive seconds and ``B`` ready jobs now:
   the previous round (counted by the caller, ``manager/planning/arrivals.py``) times ``t``, over
   the round's seconds, smoothed across rounds unless the count is beyond Poisson noise of
   the estimate and the count's margin (the jobs the reports may owe: then taken at once,
-  a real change); the window's busy time over its span on the first round;
-* ``want = work / target_utilization + max(0, B * t - A) / H`` slots, where the backlog
+  a real change); the window's busy time over its span on the first round (a queue sized
+  by its wait, below, smooths over at least about ``SIZED_SMOOTHING_JOBS`` jobs:
+  :func:`sized_smoothing`);
+* ``want = work / u + max(0, B * t - A) / H`` slots, ``u`` the manager's
+  ``target_utilization`` or, for a queue sized by its wait (``size_by = "wait"``), the
+  busiest utilization at most ``MAX_UTILIZATION`` at which its slots keep the predicted
+  p99 wait within half its ``target_wait`` (``manager/planning/wait_sizing.py``; never
+  more slots than ``target_utilization`` gives): such a queue is planned at ``u``
+  throughout (its want, noise, edges, releases, idle slots), and its band's upper edge is
+  the plan itself (the sized want is the most its slots may carry); where the backlog
   drains within ``H`` = the queue's ``target_wait`` (or 60 s, the founding design's
   default window), beyond ``A``: what the planned slots start within half of ``H`` (at
   most a round, at most 20 jobs a slot), a busy slot's normal queue, no need;
@@ -65,19 +73,25 @@ from qcluster.manager.planning.types import (
     Streak,
     Why,
 )
+from qcluster.manager.planning.wait_sizing import (
+    MAX_UTILIZATION,
+    predicted_p99_s,
+    round_up,
+    sized_utilization,
+)
 from qcluster.policy import QueuePolicy
 
 __all__ = ["STREAK_FIELDS", "Need", "QueueInput", "QueuePlan", "QueueWindow", "Streak", "Why",
-           "band_for", "hold_rounds", "mean_job_seconds", "needed_slots", "plan", "queue_load",
-           "share_capacity", "use_idle", "work_rate"]
+           "band_for", "hold_rounds", "mean_job_seconds", "needed_slots", "plan",
+           "planned_utilization", "queue_load", "share_capacity", "use_idle", "work_rate"]
 
 #: Band half-width at priority 0; each priority step narrows it, within the limits.
 BASE_BAND = 0.30
 BAND_STEP = 0.02
 MIN_BAND = 0.10
 MAX_BAND = 0.50
-#: The band's upper edge is capped so that slots never run busier than this.
-MAX_UTILIZATION = 0.95
+# The band's upper edge is capped so that slots never run busier than MAX_UTILIZATION
+# (0.95): one constant with the sizing by wait's ceiling, imported from wait_sizing.py.
 #: Beyond ``1 + FAR_BANDS * band`` the planner moves even while the last move is landing.
 FAR_BANDS = 3.0
 #: Rounds ``want`` must stay above the band (not far above) before slots are added: one
@@ -112,6 +126,15 @@ SMOOTHING = 0.25
 JUMP_SIGMAS = 4.0
 #: ... and more than this many jobs away (a small count's Poisson tail is longer).
 JUMP_MIN_JOBS = 5
+#: A queue sized by its wait runs with little room above its plan, so its estimate must
+#: be steadier: a round's count moves it by SMOOTHING, or by its jobs over this many when
+#: fewer (the estimate spans at least about as many jobs), ...
+SIZED_SMOOTHING_JOBS = 200.0
+#: ... but at least by this share (memory of about 65 rounds; a change beyond the noise is
+#: still taken at once). Rounds of 2-3 jobs (0.6 slot-s/s of 500 ms jobs) read up to
+#: +60%: at SMOOTHING a 1-slot queue rose to 2 on that noise and its release's noise
+#: margin never gave the slot back (diurnal_day.json's slack 0.275 -> 0.238).
+MIN_SIZED_SMOOTHING = 0.03
 #: The readings' spread (``Streak.spread``): a round's squared deviation moves it by this
 #: share (about 20 rounds' memory) ...
 SPREAD_SMOOTHING = 0.05
@@ -144,9 +167,16 @@ LOWER_SHARE = 1.0
 #: A periodic queue's slot is started this long before its next tick (a fork and an
 #: import), plus a round (the next round may come too late).
 PREWARM_S = 5.0
+#: A queue sized by its wait keeps its predicted p99 wait within this share of its
+#: target_wait: the rest is room for a rising rate its estimate has not caught yet
+#: (smoothed, a rise is taken after 2-5 rounds).
+WAIT_SHARE = 0.5
 #: A reason's basis (load, work, source, job time, horizon, want, target): in its Why, not nested.
 BASIS = ("load {:.0%}, work {:.2f} slot-s/s ({}, {:.3g} ms/job) + backlog drain in {:g}s"
          " = {:.2f} slots at {:.0%}")
+#: ... and for a queue sized by its wait (the basis, the p99 predicted at the slots its work
+#: wants, the wait it is kept within, the utilization): nested.
+SIZED = "{} (sized by wait: p99 ~{:.2g}s within {:g}s at {:.0%} busy)"
 
 
 @functools.cache  # twice per queue per round, on a handful of priorities
@@ -195,7 +225,9 @@ def work_rate(queue: QueueInput, job_s: float) -> tuple[float, float, int, Why]:
             # Beyond counting noise and the jobs the reports owed: the rate changed, take
             # it at once (the spread is of a steady rate's readings: kept as it was).
             return now, previous.spread, arrived, Why("{} arrived in {:g}s, a change", *seen)
-        smoothed = previous.work + SMOOTHING * (now - previous.work)
+        smoothing = (SMOOTHING if queue.policy.size_by != "wait"
+                     else sized_smoothing(expected))
+        smoothed = previous.work + smoothing * (now - previous.work)
         # A reading further off than SPREAD_SIGMAS Poisson deviations is a change of rate
         # smoothed in (a fall, a lagged report), not the noise of a steady one.
         square = min((now - previous.work) ** 2,
@@ -210,6 +242,13 @@ def work_rate(queue: QueueInput, job_s: float) -> tuple[float, float, int, Why]:
     share = window.busy_s / window.alive_s if window.alive_s > 0 else 0.0
     return share * queue.current, -1.0, window.processed, Why("busy {:.0%} of {} slots", share,
                                                               queue.current)
+
+
+def sized_smoothing(jobs: float) -> float:
+    """The share a round's count of ``jobs`` (expected) moves the arrival estimate of a
+    queue sized by its wait by: SMOOTHING when a round counts SIZED_SMOOTHING_JOBS / 4
+    jobs or more, less below, at least MIN_SIZED_SMOOTHING."""
+    return min(SMOOTHING, max(MIN_SIZED_SMOOTHING, jobs / SIZED_SMOOTHING_JOBS))
 
 
 def _clamp(value: int, policy: QueuePolicy) -> int:
@@ -248,23 +287,65 @@ def needed_slots(queue: QueueInput, target_utilization: float) -> Need:
     return replace(need, needed=floor, why=why, spare=spare, quiet_s=quiet)
 
 
+def planned_utilization(policy: QueuePolicy, work: float, job_s: float,
+                        target_utilization: float) -> float:
+    """The utilization a queue's slots are planned at: the manager's
+    ``target_utilization``, or for a queue sized by its wait the busiest at which its
+    slots keep the predicted p99 wait within WAIT_SHARE of its target_wait
+    (:func:`~qcluster.manager.planning.wait_sizing.sized_utilization`)."""
+    if policy.size_by != "wait" or policy.target_wait is None:
+        return target_utilization
+    if work >= MAX_UTILIZATION * policy.max_slots:  # clamped to max_slots whatever the wait
+        return max(MAX_UTILIZATION, target_utilization)
+    return sized_utilization(work, policy.batch_size * job_s, WAIT_SHARE * policy.target_wait,
+                             target_utilization)
+
+
+class _PredictedP99:
+    """The p99 wait predicted at the slots the work wants, worked out only when a reason
+    is read (a plan is made every round for every queue)."""
+
+    __slots__ = ("job_s", "policy", "utilization", "work")
+
+    def __init__(self, policy: QueuePolicy, work: float, job_s: float,
+                 utilization: float) -> None:
+        self.policy, self.work, self.job_s, self.utilization = policy, work, job_s, utilization
+
+    def __format__(self, spec: str) -> str:
+        servers = max(1, math.ceil(self.work / self.utilization - 1e-9))
+        take_s = self.policy.batch_size * self.job_s
+        return format(predicted_p99_s(servers, round_up(self.work), round_up(take_s)), spec)
+
+
+def _sized_basis(policy: QueuePolicy, basis_args: tuple[object, ...], work: float,
+                 job_s: float, utilization: float) -> Why:
+    """The reason's basis for a queue sized by its wait: the p99 wait predicted at the
+    slots its work wants, and the wait it is kept within."""
+    wait = WAIT_SHARE * (policy.target_wait or 0.0)
+    return Why(SIZED, Why(BASIS, *basis_args), _PredictedP99(policy, work, job_s, utilization),
+               wait, utilization)
+
+
 def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]:
-    """What the queue's work needs (arrivals at the target utilization, backlog drained
-    within its horizon), with the hysteresis; and the jobs the arrivals were counted on.
-    A queue with a backlog and nothing measured yet starts from the policy's
-    ``est_job_seconds``, like any other."""
+    """What the queue's work needs (arrivals at the target utilization, or the queue's
+    own when it is sized by its wait; backlog drained within its horizon), with the
+    hysteresis; and the jobs the arrivals were counted on. A queue with a backlog and
+    nothing measured yet starts from the policy's ``est_job_seconds``, like any other."""
     policy, window, previous = queue.policy, queue.window, queue.previous
     anchor = _clamp(previous.planned if previous is not None else queue.current, policy)
     job_s = mean_job_seconds(window, policy)
     load = _load(window, job_s)
     work, spread, counted, source = work_rate(queue, job_s)
+    sized = policy.size_by == "wait"
+    utilization = (planned_utilization(policy, work, job_s, target_utilization) if sized
+                   else target_utilization)
     horizon = min(DRAIN_S, policy.target_wait) if policy.target_wait else DRAIN_S
     # The backlog the planned slots start within QUEUEING_SHARE of the horizon (at most a
     # round, at most QUEUEING_JOBS jobs a slot) is their queueing, not a need: a queue
     # whose slots run busy holds a few jobs, and counting them would want a slot more at
     # its plan and none at one more (a flap).
     # Capped: a ratio over a sliver of slot time could be astronomically large.
-    want = work / target_utilization
+    want = work / utilization
     if window.backlog:
         allowance = anchor * min(horizon * QUEUEING_SHARE, window.recent_s,
                                  QUEUEING_JOBS * job_s)
@@ -275,28 +356,35 @@ def _work_need(queue: QueueInput, target_utilization: float) -> tuple[Need, int]
         # would bring a slot back 'by far' right after releasing the last one (a flap).
         want = 0.0
     band = band_for(policy.priority)
-    basis_args = (load, work, source, job_s * 1000, horizon, want, target_utilization)
+    basis = BASIS
+    basis_args: tuple[object, ...] = (load, work, source, job_s * 1000, horizon, want,
+                                      utilization)
+    if sized:
+        basis, basis_args = "{}", (_sized_basis(policy, basis_args, work, job_s, utilization),)
     ratio = want / anchor if anchor else (math.inf if want > 0 else 1.0)
     # The upper edge never lets the plan run its slots past MAX_UTILIZATION: above that,
-    # work waits however wide the priority's band.
-    upper = min(1 + band, MAX_UTILIZATION / target_utilization)
+    # work waits however wide the priority's band. A queue sized by its wait: the sized
+    # want is the most its slots may carry (their predicted wait), the edge is the plan.
+    # (Also when its wait needs all the slots the target utilization gives: the usual band
+    # there and this edge just below made a 1-slot queue flap, 1 -> 2 -> 1 every minute.)
+    upper = 1.0 if sized else min(1 + band, MAX_UTILIZATION / target_utilization)
     if ratio > upper:
         # (Far above, or no slot: up at once whatever the noise, not computed.)
         clear = anchor == 0 or ratio > 1 + FAR_BANDS * band or want - UP_SIGMAS * want_noise(
-            work, spread, job_s, window, target_utilization) > anchor * upper
-        above = Why(BASIS + " > {} +{:.0%}", *basis_args, anchor, upper - 1)
+            work, spread, job_s, window, utilization, sized=sized) > anchor * upper
+        above = Why(basis + " > {} +{:.0%}", *basis_args, anchor, upper - 1)
         return _up(queue, want, ratio, band, Need(anchor, load, above, work=work, spread=spread),
                    UP_ROUNDS if clear else NOISY_UP_ROUNDS), counted
     lower = band * LOWER_SHARE
     if ratio < 1 - lower and anchor > policy.min_slots:
         # Jobs a round would bring at the band's lower edge: a streak that should have
         # counted many of them and did not is evidence enough, however few it counted.
-        edge_jobs = anchor * (1 - band) * target_utilization * window.recent_s / job_s
-        below = Why(BASIS + " < {} -{:.0%}", *basis_args, anchor, lower)
+        edge_jobs = anchor * (1 - band) * utilization * window.recent_s / job_s
+        below = Why(basis + " < {} -{:.0%}", *basis_args, anchor, lower)
         return _down(queue, want, counted, edge_jobs, upper,
                      Need(anchor, load, below, work=work, spread=spread),
-                     job_s, target_utilization), counted
-    return Need(anchor, load, Why(BASIS + " within {} -{:.0%}/+{:.0%}", *basis_args, anchor,
+                     job_s, utilization), counted
+    return Need(anchor, load, Why(basis + " within {} -{:.0%}/+{:.0%}", *basis_args, anchor,
                                   lower, upper - 1), work=work, spread=spread), counted
 
 
@@ -330,17 +418,20 @@ def _moved(keep: Need, needed: int, why: Why) -> Need:
 
 
 def want_noise(work: float, spread: float, job_s: float, window: QueueWindow,
-               target_utilization: float) -> float:
+               target_utilization: float, *, sized: bool = False) -> float:
     """The standard deviation, in slots, of the want's reading on a steady rate of
     ``work``: the smoothed estimate's (SMOOTHING / 2 of the readings' ``spread``, which
-    counts the estimate's own noise too; a Poisson count's while none was measured) and
-    the measured job time's (the window's jobs, as spread as exponential ones)."""
+    counts the estimate's own noise too; a Poisson count's while none was measured; for a
+    queue ``sized`` by its wait, its own smoothing, :func:`sized_smoothing`) and the
+    measured job time's (the window's jobs, as spread as exponential ones).
+    ``target_utilization``: the queue's (:func:`planned_utilization`)."""
     if work <= 0 or job_s <= 0:
         return 0.0
     per_round = work * window.recent_s / job_s if window.recent_s > 0 else 0.0
     # Never less than a Poisson count's: a few quiet rounds measure less.
     spread = max(spread, work * work / max(per_round, 1.0))
-    variance = SMOOTHING / 2 * spread + work * work / max(window.processed, 1)
+    smoothing = sized_smoothing(per_round) if sized else SMOOTHING
+    variance = smoothing / 2 * spread + work * work / max(window.processed, 1)
     return math.sqrt(variance) / target_utilization
 
 
@@ -371,7 +462,8 @@ def _down(queue: QueueInput, want: float, counted: int, edge_jobs: float, upper:
     if low_rounds >= hold and enough and landed:
         # Not below what keeps the want within half the upper band: a release that the
         # next rounds' noise would undo is a flap.
-        noise = want_noise(keep.work, keep.spread, job_s, queue.window, target_utilization)
+        noise = want_noise(keep.work, keep.spread, job_s, queue.window, target_utilization,
+                           sized=queue.policy.size_by == "wait")
         target = max(math.ceil(low_peak / (1 + (upper - 1) / 2) - 1e-9),
                      math.ceil((low_peak + RELEASE_SIGMAS * noise) / upper - 1e-9) if low_peak
                      else 0, 1 if low_jobs else 0)
@@ -434,8 +526,9 @@ def use_idle(queues: Sequence[QueueInput], needs: Mapping[str, Need],
     waiting = [q for q in queues if q.window.backlog > 0 and q.servable and not q.paused]
     for queue in sorted(waiting, key=lambda q: (-q.policy.priority, q.name)):
         backlog, policy = queue.window.backlog, queue.policy
-        arriving = needs[queue.name].work / target_utilization
-        backlog_s = backlog * mean_job_seconds(queue.window, policy)
+        job_s, work = mean_job_seconds(queue.window, policy), needs[queue.name].work
+        arriving = work / planned_utilization(policy, work, job_s, target_utilization)
+        backlog_s = backlog * job_s
         if not (math.isfinite(arriving) and math.isfinite(backlog_s)):
             continue
         if backlog_s <= IDLE_MIN_DRAIN_S * max(1, math.ceil(arriving)):
