@@ -215,7 +215,8 @@ class App:
             try:
                 policy = spec.policy.merged(extra) if extra else spec.policy
             except ValidationError as exc:
-                raise ConfigError(f"[queues.{name}] in the configuration: {exc}") from exc
+                reasons = field_reasons(exc.errors(), known=QueuePolicy.model_fields)
+                raise ConfigError(f"[queues.{name}] in the configuration: {reasons}") from None
             merged.queues[name] = _with_policy(spec, policy, where=f"[queues.{name}]")
         for name in sorted(set(overrides) - set(self.queues)):
             # Another app's queue is fine (one file may serve several apps, and the

@@ -186,8 +186,13 @@ class Settings(BaseSettings):
 def _check_overrides(queue: str, overrides: dict[str, Any]) -> None:
     """Validate ``[queues.NAME]`` against the policy rules now, not at the first planning
     round: a pair such as lock_timeout 5 / batch_timeout 10 is refused at start."""
+    checked = dict(overrides)
+    if checked.get("size_by") == "wait" and "target_wait" not in checked:
+        # Its target_wait may be the code's (@app.queue): checked once merged with it,
+        # where the app is loaded (App.with_overrides).
+        checked["size_by"] = "utilization"
     try:
-        QueuePolicy.model_validate(overrides)
+        QueuePolicy.model_validate(checked)
     except ValidationError as exc:
         raise ValueError(field_reasons(exc.errors(), prefix=f"queues.{queue}.",
                                        whole="/".join(sorted(overrides)))) from None

@@ -120,3 +120,23 @@ def test_a_misspelt_setting_names_the_one_it_misses(tmp_path: Path, toml: str,
     with pytest.raises(ConfigError) as caught:
         load_settings(config)
     assert says in str(caught.value)
+
+
+def test_size_by_wait_in_the_config_takes_the_target_wait_from_the_code(tmp_path: Path) -> None:
+    """[queues.NAME] size_by = "wait" was refused unless the same table set a
+    target_wait, even for a queue whose @app.queue has one; a queue without any is still
+    refused, in one line, once the app is loaded."""
+    config = tmp_path / "qcluster.toml"
+    config.write_text('[queues.mail]\nsize_by = "wait"\n[queues.bulk]\nsize_by = "wait"\n')
+    settings = load_settings(config)
+    app = App()
+    app.queue("mail", target_wait=30)(lambda jobs: None)
+    app.queue("bulk")(lambda jobs: None)
+    with pytest.raises(ConfigError) as caught:
+        app.with_overrides(settings.queues)
+    message = str(caught.value)
+    assert message.startswith('[queues.bulk] in the configuration: policy: size_by = "wait" '
+                              "needs a target_wait"), message
+    assert "\n" not in message
+    del settings.queues["bulk"]
+    assert app.with_overrides(settings.queues).spec("mail").policy.size_by == "wait"
