@@ -141,10 +141,14 @@ def test_an_app_queue_sized_by_wait_without_a_target_wait_is_refused_in_one_line
 
 def test_a_configured_queue_sized_by_wait_without_a_target_wait_is_refused_in_one_line(
         tmp_path: Path) -> None:
+    """Refused where the app is loaded: the target_wait may come from the code
+    (tests/unit/test_config_messages.py has that case)."""
     config = tmp_path / "qcluster.toml"
     config.write_text('[queues.mail]\nsize_by = "wait"\n')
+    app = App("sizing")
+    app.queue("mail")(lambda jobs: None)
     with pytest.raises(ConfigError) as refused:
-        load_settings(config)
+        app.with_overrides(load_settings(config).queues)
     assert "queues.mail" in str(refused.value) and NEEDS_TARGET in str(refused.value)
     assert "\n" not in str(refused.value)
     config.write_text('[queues.mail]\nsize_by = "wait"\ntarget_wait = 30\n')
