@@ -35,6 +35,8 @@ from qcluster.messages import (
     ClusterView,
     HistoryPoint,
     HostReport,
+    RefusalReason,
+    RefusedReportView,
 )
 
 logger = logging.getLogger(__name__)
@@ -69,8 +71,9 @@ class ManagerService(RoundLoop):
         self.holders = HeldLookup()
         self.owners = HostOwners()
         """The master holding each host name (two masters under one name are refused)."""
-        self.refused: dict[tuple[str, str], float] = {}
-        """(host, reason) -> when a report under that host name was last refused (409)."""
+        self.refused: dict[tuple[str, RefusalReason], tuple[float, str]] = {}
+        """(host, reason) -> when a report under that host name was last refused (409),
+        and the refusal's line."""
         """Jobs looked up that the broker cannot place, asked of the masters."""
         self.reporting: set[str] = set()
         """The hosts reporting at the last round: the log says when one stops or starts."""
@@ -132,15 +135,17 @@ class ManagerService(RoundLoop):
         cannot store it (nothing changes then)."""
         return self.desk.set("pause", queue, by)
 
-    def refuse(self, host: str, reason: str) -> None:
+    def refuse(self, host: str, reason: RefusalReason, detail: str) -> None:
         """A report under ``host`` was refused for ``reason`` (``another_broker``,
-        ``two_masters``): shown by ``/metrics`` while it goes on."""
-        self.refused[(host, reason)] = self.clock()
+        ``two_masters``): shown by the page and ``/metrics`` while it goes on."""
+        self.refused[(host, reason)] = (self.clock(), detail)
 
-    def refused_now(self) -> list[tuple[str, str]]:
-        """The (host, reason) pairs refused within the last expiry of a host."""
+    def refused_now(self) -> list[RefusedReportView]:
+        """The refusals within the last expiry of a host, by host name."""
         now, within = self.clock(), self.state.expiry_s(self.state.cfg.interval_s)
-        return sorted(key for key, at in list(self.refused.items()) if now - at <= within)
+        return [RefusedReportView(host=host, reason=reason, detail=detail, at=at)
+                for (host, reason), (at, detail) in sorted(list(self.refused.items()))
+                if now - at <= within]
 
     def leave(self, host: str) -> bool:
         """A master that stopped cleanly: forget its host (False: not known)."""
@@ -209,7 +214,9 @@ class ManagerService(RoundLoop):
             rows = queue_views(snapshot)
             with self.lock:
                 self.queue_rows.keep(key, rows)
-        return cluster_view(snapshot, rows)
+        view = cluster_view(snapshot, rows)
+        refused = self.refused_now()
+        return view.model_copy(update={"refused_reports": refused}) if refused else view
 
     def queue_history(self, queue: str) -> list[HistoryPoint]:
         with self.lock:

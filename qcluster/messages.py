@@ -398,6 +398,21 @@ class UndeclaredQueueView(_Msg):
     delayed: int
 
 
+#: Why the manager refuses a master's reports (409).
+RefusalReason = Literal["two_masters", "another_broker"]
+
+
+class RefusedReportView(_Msg):
+    """Reports under a host name that the manager refuses (409), lately."""
+
+    host: str
+    reason: RefusalReason
+    detail: str
+    """The refusal's one line, naming both masters or both brokers."""
+    at: float
+    """Wall-clock unix seconds of the last refusal."""
+
+
 class ClusterView(_Msg):
     generated_at: float
     queues: list[QueueView]
@@ -410,6 +425,8 @@ class ClusterView(_Msg):
     """Queues with ready or delayed jobs that no live host's app declares (by name)."""
     broker_durability: list[str] = Field(default_factory=list)
     """The broker's durability notes (``Broker.durability()``); empty: nothing to say."""
+    refused_reports: list[RefusedReportView] = Field(default_factory=list)
+    """Host names whose reports the manager refused within a host's expiry."""
 
 
 class HistoryPoint(_Msg):

@@ -37,8 +37,8 @@ class ManagerCollector:
         refused = GaugeMetricFamily("qcluster_reports_refused",
                                     MANAGER_GAUGES["qcluster_reports_refused"],
                                     labels=["host", "reason"])
-        for name, reason in self.service.refused_now():
-            refused.add_metric([name, reason], 1.0)
+        for refusal in self.service.refused_now():
+            refused.add_metric([refusal.host, refusal.reason], 1.0)
         yield refused
         yield GaugeMetricFamily(
             "qcluster_planning_round_seconds", MANAGER_GAUGES["qcluster_planning_round_seconds"],

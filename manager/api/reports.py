@@ -34,12 +34,12 @@ async def report(body: HostReport, service: ServiceDep, request: Request) -> Ass
     refusal = mismatch(getattr(request.app.state, "cluster", None), body.cluster,
                        who=f"master {body.host}")
     if refusal is not None:
-        service.refuse(body.host, "another_broker")
+        service.refuse(body.host, "another_broker", refusal)
         _refuse(request, body.host, f"refused the report of {refusal}", refusal)
     twin = service.owners.refusal(body.host, body.master, service.clock(),
                                   service.state.expiry_s(body.interval_s))
     if twin is not None:
-        service.refuse(body.host, "two_masters")
+        service.refuse(body.host, "two_masters", twin)
         _refuse(request, f"{body.host} {body.master}", f"refused a report: {twin}", twin)
     if service.learned is not None:
         service.learned.learn(body.host, body.periodic)

@@ -175,6 +175,11 @@ def test_two_masters_under_one_host_name_are_told_apart(procs: Procs, redis_url:
     assert said not in procs.log("master-second")
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     assert 'qcluster_reports_refused{host="twin",reason="two_masters"} 1.0' in metrics
+    (refusal,) = try_json(port, "/api/v1/cluster")["refused_reports"]
+    assert refusal["host"] == "twin" and refusal["reason"] == "two_masters"
+    assert said in refusal["detail"]
+    page = httpx.get(f"http://127.0.0.1:{port}/").text
+    assert '<li data-refused="twin" data-reason="two_masters">' in page
     time.sleep(2.0)  # four report intervals: the first stays refused while the second reports
     assert "reachable again" not in procs.log("master-first")
     masters["second"].terminate()
