@@ -60,6 +60,16 @@ MISTAKES = {
         ("master", "--app", "good_app:ap", "--no-metrics", "--listen", "FREE"),
         exitcodes.APP_IMPORT, "module 'good_app' has no attribute 'ap' (qcluster.App objects "
                               "in it: app)"),
+    # `qcluster slot` printed the import's traceback and exited 1 for the first two.
+    "syntax error in the app, slot": Mistake(
+        ("slot", "--app", "syntax_app", "--queue", "emails"),
+        exitcodes.APP_IMPORT, "syntax_app.py:3: invalid syntax"),
+    "the app raises on import, slot": Mistake(
+        ("slot", "--app", "raising_app", "--queue", "emails"),
+        exitcodes.APP_IMPORT, "raising_app.py:2: RuntimeError: database not configured"),
+    "mod:attr missing, slot": Mistake(
+        ("slot", "--app", "good_app:ap", "--queue", "emails"),
+        exitcodes.APP_IMPORT, "module 'good_app' has no attribute 'ap'"),
     "master port in use": Mistake(
         ("master", "--app", "good_app", "--no-metrics", "--listen", "TAKEN"),
         exitcodes.ADDRESS_IN_USE, "already in use (another qcluster process?): choose "
