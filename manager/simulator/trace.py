@@ -191,9 +191,14 @@ def parse_trace(data: Any, source: str = "trace") -> Trace:
 def load_trace(path: Path) -> Trace:
     """A trace file (JSON) or a manager recording (JSON Lines), validated."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise TraceError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                         f"at offset {exc.start}): a trace is JSON, a recording JSON Lines"
+                         ) from None
     first = text.lstrip().split("\n", 1)[0]
     try:
         head = json.loads(first)

@@ -122,6 +122,24 @@ def test_the_command_refuses_a_bad_trace_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("name", "data", "said"), [
+    ("latin1.json", b'{"duration_s": 10, "hosts": {"caf\xe9": {"slots": 1}}}',
+     "latin1.json:1: not UTF-8 text (byte 0xe9 at offset 33)"),
+    ("rec.jsonl", b'{"type": "header"}\n{"type": "round", "\xff"}\n',
+     "rec.jsonl:2: not UTF-8 text (byte 0xff at offset 38)"),
+])
+def test_a_trace_that_is_not_utf8_is_refused_in_one_line(
+        tmp_path: Path, name: str, data: bytes, said: str) -> None:
+    """It ended in a UnicodeDecodeError traceback (exit 1)."""
+    register_commands()
+    bad = tmp_path / name
+    bad.write_bytes(data)
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad)])
+    assert result.exit_code == 2
+    assert f"error: {tmp_path / said}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("where", ["missing/report.html", "."])
 def test_a_report_that_cannot_be_written_is_refused_before_the_simulation(
         tmp_path: Path, where: str) -> None:
