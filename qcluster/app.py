@@ -7,6 +7,7 @@ loop (qcluster.slot.aio).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -150,7 +151,9 @@ class App:
             def run_each(jobs: list[Job]) -> None:
                 for job in jobs:
                     try:
-                        handler(job)
+                        result = handler(job)
+                        if result is not None:
+                            refuse_result(result)
                     except Exception as exc:  # one job's failure must not fail the batch
                         job.mark_error(exc)
 
@@ -263,7 +266,9 @@ def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> Bat
 
     async def run_one(job: Job) -> None:
         try:
-            await handler(job)
+            result = await handler(job)
+            if result is not None:
+                refuse_result(result)
         except Exception as exc:  # one job's failure must not fail the batch
             job.mark_error(exc)
         else:
@@ -284,6 +289,22 @@ def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> Bat
 
     run_each.__name__ = getattr(handler, "__name__", "handler")
     return run_each
+
+
+def refuse_result(result: object) -> None:
+    """A handler returns None. Anything else means the work may not have happened: a
+    coroutine or generator was created and never run (a sync handler returning one, an
+    async one returning another coroutine without awaiting it). Close it (no "never
+    awaited" warning) and raise, so that the jobs fail (retried, then dead-lettered)
+    instead of being acked without having run."""
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        with contextlib.suppress(Exception):
+            result.close()
+    raise TypeError(
+        f"the handler returned {type(result).__name__}, not None: a handler must do its "
+        "work before returning (declare it async def to have it awaited; a generator is "
+        "never run)"
+    )
 
 
 def _cancelling() -> bool:

@@ -260,6 +260,54 @@ def test_a_handler_returning_a_coroutine_fails_the_batch_instead_of_acking_it(
     assert all("returned coroutine" in d.reason for d in client.dead_jobs(queue_name))
 
 
+def _sync_returns_a_coroutine(app: App, queue: str, ran: list[int]) -> None:
+    async def work(job: Job) -> None:
+        ran.append(job.payload)
+
+    @app.job_queue(queue, batch_size=10, max_attempts=1)
+    def handle(job: Job):
+        return work(job)  # the per-job form of the same slip
+
+
+def _async_returns_a_coroutine(app: App, queue: str, ran: list[int]) -> None:
+    async def work(job: Job) -> None:
+        ran.append(job.payload)
+
+    @app.job_queue(queue, batch_size=10, max_attempts=1)
+    async def handle(job: Job):
+        return work(job)  # forgot the await
+
+
+def _sync_returns_a_generator(app: App, queue: str, ran: list[int]) -> None:
+    def work(job: Job) -> Iterator[None]:
+        ran.append(job.payload)
+        yield None
+
+    @app.job_queue(queue, batch_size=10, max_attempts=1)
+    def handle(job: Job):
+        return work(job)
+
+
+@pytest.mark.parametrize("declare", [_sync_returns_a_coroutine, _async_returns_a_coroutine,
+                                     _sync_returns_a_generator])
+def test_a_per_job_handler_returning_unrun_work_fails_its_job_instead_of_acking_it(
+    broker_url: str, queue_name: str, declare: Callable[[App, str, list[int]], None]
+) -> None:
+    """@app.job_queue ignored what its handler returned: the jobs were acked as done
+    although their work never ran, and nothing was dead-lettered."""
+    app = App()
+    ran: list[int] = []
+    declare(app, queue_name, ran)
+    client = Client(broker_url)
+    client.enqueue_many(queue_name, [1, 2, 3])
+    runner = SlotRunner(app, queue_name, open_broker(broker_url))
+    run_until(runner, lambda: client.stats(queue_name)["dead"] == 3)
+    runner._flush()
+    assert ran == []
+    reasons = [d.reason for d in client.dead_jobs(queue_name)]
+    assert len(reasons) == 3 and all("the handler returned" in r for r in reasons), reasons
+
+
 # --- defect 5: queue names -----------------------------------------------------------
 
 
