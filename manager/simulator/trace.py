@@ -201,16 +201,32 @@ def load_trace(path: Path) -> Trace:
                          ) from None
     first = text.lstrip().split("\n", 1)[0]
     try:
-        head = json.loads(first)
-    except json.JSONDecodeError:
+        head = _json(first)
+    except ValueError:
         head = None
     if isinstance(head, dict) and head.get("type") == "header":
         return recording_to_trace(text, str(path))
     try:
-        data = json.loads(text)
+        data = _json(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}") from None
+    except NonFiniteNumber as exc:
+        raise TraceError(f"{path}: not JSON: {exc}") from None
     return parse_trace(data, str(path))
+
+
+class NonFiniteNumber(ValueError):
+    """NaN or Infinity: Python's json reads them, JSON has no such numbers."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise NonFiniteNumber(f"{name} is not a number JSON has (a trace's numbers are finite)")
+
+
+def _json(text: str) -> Any:
+    """``json.loads`` without NaN and Infinity: a rate or a duration of either ran as no
+    jobs at all, or ended in a traceback."""
+    return json.loads(text, parse_constant=_refuse_constant)
 
 
 # --- recordings ------------------------------------------------------------------
@@ -402,7 +418,9 @@ def _rec_lines(text: str, source: str) -> list[RecordLine]:
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            data = _json(line)
+        except NonFiniteNumber as exc:
+            raise TraceError(f"{source}:{number}: not JSON: {exc}") from None
         except json.JSONDecodeError as exc:
             if number == len(raw):
                 logger.warning("%s:%d: torn last line skipped (a crash mid-write?)",

@@ -140,6 +140,26 @@ def test_a_trace_that_is_not_utf8_is_refused_in_one_line(
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("text", "said"), [
+    ('{"duration_s": Infinity, "hosts": {"a": {"slots": 1}}, "queues": {"q": {}}}',
+     "Infinity is not a number JSON has"),
+    ('{"duration_s": 60, "hosts": {"a": {"slots": 1}}, "queues": {"q": {"rate": [[0, NaN]]}}}',
+     "NaN is not a number JSON has"),
+    ('{"duration_s": 60, "hosts": {"a": {"slots": 1}},'
+     ' "queues": {"q": {"rate": [[0, -Infinity]]}}}', "-Infinity is not a number JSON has"),
+])
+def test_a_trace_with_nan_or_infinity_is_refused_in_one_line(
+        tmp_path: Path, text: str, said: str) -> None:
+    """Python's json reads NaN and Infinity: a duration of Infinity ended in an
+    OverflowError traceback, a rate of NaN or Infinity simulated no job at all (exit 0)."""
+    register_commands()
+    bad = write(tmp_path, "bad.json", text)
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad)])
+    assert result.exit_code == 2, result.output
+    assert f"error: {bad}: not JSON: {said}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("where", ["missing/report.html", "."])
 def test_a_report_that_cannot_be_written_is_refused_before_the_simulation(
         tmp_path: Path, where: str) -> None:
