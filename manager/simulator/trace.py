@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -56,7 +56,7 @@ class QueueSpec(_Strict):
     shape: Literal["step", "linear"] = "step"
     period_s: float | None = Field(default=None, gt=0)
     """Repeat ``rate`` every ``period_s`` seconds."""
-    per_round: list[int] | None = None
+    per_round: list[Annotated[int, Field(ge=0)]] | None = None
     """Exact job counts per planning round instead of ``rate`` (a replayed recording)."""
     arrivals: Literal["poisson", "even"] = "poisson"
     every_s: float | None = Field(default=None, gt=0)
@@ -79,6 +79,8 @@ class QueueSpec(_Strict):
             raise ValueError("rate points must be sorted by time")
         if any(r < 0 for _, r in self.rate):
             raise ValueError("a rate cannot be negative")
+        if self.per_round is not None and self.rate:
+            raise ValueError("per_round replaces rate: give one of them")
         return self
 
     def queue_policy(self) -> QueuePolicy:
@@ -140,6 +142,11 @@ class Trace(_Strict):
                 raise ValueError(f"event at {event.at_s:g}s names unknown host {event.host!r}")
             if event.event == "capacity" and event.slots is None:
                 raise ValueError(f"capacity event at {event.at_s:g}s needs 'slots'")
+        for host, spec in self.hosts.items():
+            unknown = sorted(set(spec.serves or ()) - set(self.queues))
+            if unknown:
+                raise ValueError(f"hosts.{host}.serves names no queue of the trace: "
+                                 f"{', '.join(map(repr, unknown))}")
         for name, spec in self.queues.items():
             try:
                 spec.queue_policy()

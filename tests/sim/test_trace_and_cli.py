@@ -60,6 +60,14 @@ def test_a_hand_written_trace_runs(tmp_path: Path) -> None:
     ({"events": [{"at_s": 1, "host": "zz", "event": "die"}]}, "unknown host 'zz'"),
     ({"queues": {"mail": {"rate": [[5, 1], [1, 2]]}}}, "rate points must be sorted by time"),
     ({"hostz": {}}, "hostz: Extra inputs are not permitted"),
+    # These three ran: a misspelt queue in serves left the queue unserved, a negative
+    # count took jobs away, and per_round beside rate silently replaced it.
+    ({"hosts": {"a": {"slots": 4, "serves": ["mial"]}}},
+     "hosts.a.serves names no queue of the trace: 'mial'"),
+    ({"queues": {"mail": {"per_round": [5, -3, 2]}}},
+     "queues.mail.per_round.1: Input should be greater than or equal to 0"),
+    ({"queues": {"mail": {"rate": [[0, 20]], "per_round": [5]}}},
+     "queues.mail: per_round replaces rate: give one of them"),
 ])
 def test_a_bad_trace_is_refused_in_one_line(tmp_path: Path, change: dict[str, object],
                                             message: str) -> None:
