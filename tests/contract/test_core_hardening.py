@@ -484,6 +484,20 @@ def test_cli_enqueue_file_with_a_bad_line_says_how_many_were_enqueued(
         assert client.stats("q")["ready"] == 1000
 
 
+def test_cli_enqueue_file_that_is_not_utf8_names_its_line(
+    private_redis: str, tmp_path: Path
+) -> None:
+    """It ended in a UnicodeDecodeError traceback (exit 1)."""
+    jobs = tmp_path / "latin1.jsonl"
+    jobs.write_bytes(b'{"n": 1}\n{"name": "caf\xe9"}\n')
+    result = qcluster("enqueue", "q-latin1", "--file", str(jobs), "--broker", private_redis)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{jobs}:2: not UTF-8 text (byte 0xe9)" in " ".join(result.stderr.split())
+    with Client(private_redis) as client:
+        assert client.stats("q-latin1")["ready"] == 0
+
+
 def test_cli_dead_limit_zero_shows_no_job(private_redis: str) -> None:
     broker = open_broker(private_redis)
     broker.publish("q", "j1", b"{}")

@@ -70,6 +70,10 @@ MISTAKES = {
     "mod:attr missing, slot": Mistake(
         ("slot", "--app", "good_app:ap", "--queue", "emails"),
         exitcodes.APP_IMPORT, "module 'good_app' has no attribute 'ap'"),
+    # A missing --file ended in a FileNotFoundError traceback (exit 1).
+    "enqueue --file that does not exist": Mistake(
+        ("enqueue", "emails", "--file", "jobs.jsonl"), exitcodes.USAGE,
+        "--file jobs.jsonl: cannot read: No such file or directory"),
     "master port in use": Mistake(
         ("master", "--app", "good_app", "--no-metrics", "--listen", "TAKEN"),
         exitcodes.ADDRESS_IN_USE, "already in use (another qcluster process?): choose "
