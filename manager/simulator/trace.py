@@ -142,8 +142,8 @@ class Trace(_Strict):
                 raise ValueError(f"event at {event.at_s:g}s names unknown host {event.host!r}")
             if event.event == "capacity" and event.slots is None:
                 raise ValueError(f"capacity event at {event.at_s:g}s needs 'slots'")
-        for host, spec in self.hosts.items():
-            unknown = sorted(set(spec.serves or ()) - set(self.queues))
+        for host, host_spec in self.hosts.items():
+            unknown = sorted(set(host_spec.serves or ()) - set(self.queues))
             if unknown:
                 raise ValueError(f"hosts.{host}.serves names no queue of the trace: "
                                  f"{', '.join(map(repr, unknown))}")
