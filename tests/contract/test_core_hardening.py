@@ -498,6 +498,17 @@ def test_cli_enqueue_file_that_is_not_utf8_names_its_line(
         assert client.stats("q-latin1")["ready"] == 0
 
 
+def test_cli_job_not_found_is_one_line(private_redis: str) -> None:
+    """It was folded over two or three lines at 80 columns (stderr not a terminal)."""
+    result = qcluster("job", "no-such-job", "--queue", "a-rather-long-queue-name-for-the-line",
+                      "--broker", private_redis, "--manager", "http://127.0.0.1:9")
+    assert result.returncode == 15, result.stderr
+    said = ("no job no-such-job in a-rather-long-queue-name-for-the-line (finished jobs are "
+            "remembered for their queue's keep_finished_s only)")
+    assert said in result.stderr.splitlines(), result.stderr  # this private Redis has no
+    # AOF: the line before it is the durability note
+
+
 def test_cli_dead_limit_zero_shows_no_job(private_redis: str) -> None:
     broker = open_broker(private_redis)
     broker.publish("q", "j1", b"{}")

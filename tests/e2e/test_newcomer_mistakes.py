@@ -74,6 +74,11 @@ MISTAKES = {
     "enqueue --file that does not exist": Mistake(
         ("enqueue", "emails", "--file", "jobs.jsonl"), exitcodes.USAGE,
         "--file jobs.jsonl: cannot read: No such file or directory"),
+    # Printed over two lines (rich folds stderr at 80 columns when it is not a terminal).
+    "dead --delete without ids": Mistake(
+        ("dead", "emails", "--delete"), exitcodes.USAGE,
+        "give IDS with --delete (and optionally with --requeue), and --requeue or --delete "
+        "with IDS"),
     "master port in use": Mistake(
         ("master", "--app", "good_app", "--no-metrics", "--listen", "TAKEN"),
         exitcodes.ADDRESS_IN_USE, "already in use (another qcluster process?): choose "
