@@ -79,6 +79,10 @@ MISTAKES = {
         ("dead", "emails", "--delete"), exitcodes.USAGE,
         "give IDS with --delete (and optionally with --requeue), and --requeue or --delete "
         "with IDS"),
+    # It said the folder "does not exist".
+    "--config a folder": Mistake(
+        ("stats", "--config", "."), exitcodes.CONFIG,
+        "configuration file '.' is a folder: give the qcluster.toml file in it"),
     "master port in use": Mistake(
         ("master", "--app", "good_app", "--no-metrics", "--listen", "TAKEN"),
         exitcodes.ADDRESS_IN_USE, "already in use (another qcluster process?): choose "
