@@ -83,6 +83,14 @@ MISTAKES = {
     "--config a folder": Mistake(
         ("stats", "--config", "."), exitcodes.CONFIG,
         "configuration file '.' is a folder: give the qcluster.toml file in it"),
+    # Exit 6 (a configuration error) and exit 3 (no handler for 'bad name'): both are a
+    # bad command line, exit 2 (docs/reference.md, "Exit codes").
+    "--slots not QUEUE=N": Mistake(
+        ("master", "--app", "good_app", "--no-metrics", "--listen", "FREE", "--slots",
+         "emails=x"), exitcodes.USAGE, "--slots: expected QUEUE=N[,QUEUE=N...], got 'emails=x'"),
+    "--slots with a queue name outside the rule": Mistake(
+        ("master", "--app", "good_app", "--no-metrics", "--listen", "FREE", "--slots",
+         "bad name=1"), exitcodes.USAGE, "invalid queue name 'bad name'"),
     "master port in use": Mistake(
         ("master", "--app", "good_app", "--no-metrics", "--listen", "TAKEN"),
         exitcodes.ADDRESS_IN_USE, "already in use (another qcluster process?): choose "
