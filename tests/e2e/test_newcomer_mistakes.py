@@ -91,6 +91,10 @@ MISTAKES = {
     "--slots with a queue name outside the rule": Mistake(
         ("master", "--app", "good_app", "--no-metrics", "--listen", "FREE", "--slots",
          "bad name=1"), exitcodes.USAGE, "invalid queue name 'bad name'"),
+    # An OverflowError traceback from bind() (exit 1).
+    "demo --port out of range": Mistake(
+        ("demo", "--port", "70000"), exitcodes.USAGE,
+        "--port: the manager takes P and the masters P+1 and P+2: give a P from 1 to 65533"),
     "master port in use": Mistake(
         ("master", "--app", "good_app", "--no-metrics", "--listen", "TAKEN"),
         exitcodes.ADDRESS_IN_USE, "already in use (another qcluster process?): choose "
