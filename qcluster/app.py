@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import inspect
 import logging
+import math
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -97,8 +98,10 @@ class App:
         ignored; one that runs too long is left behind: the jobs' outcome never waits
         for a hook and never depends on one.
         """
-        if timeout <= 0:
-            raise ConfigError(f"on_failure: timeout must be > 0, not {timeout!r}")
+        if (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                or not math.isfinite(timeout) or timeout <= 0):
+            raise ConfigError(f"on_failure: timeout must be a finite number of seconds > 0, "
+                              f"not {timeout!r}")
 
         def bind(target: FailureHook) -> FailureHook:
             _check_hook(target)
