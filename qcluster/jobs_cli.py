@@ -70,9 +70,13 @@ def job(
         if as_json:
             unknown = JobInfo(id=job_id, state="unknown", note="no queue holds it")
             out.print_json(unknown.model_dump_json())
-        err.print(escape(f"no job {job_id} in {', '.join(names) or 'any queue'} (finished "
-                         "jobs are remembered for their queue's keep_finished_s only)"),
-                  highlight=False)
+        if names:
+            where = (f"in {', '.join(names)} (finished jobs are remembered for their queue's "
+                     "keep_finished_s only)")
+        else:  # nothing was searched: say why rather than "no such job"
+            where = ("in any queue: no queue to look in (the broker lists none, RabbitMQ "
+                     "cannot, and the configuration names none): name it with --queue QUEUE")
+        err.print(escape(f"no job {job_id} {where}"), highlight=False)
         raise typer.Exit(JOB_NOT_FOUND)
     if as_json:
         out.print_json(found.model_dump_json())
