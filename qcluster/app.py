@@ -155,7 +155,7 @@ class App:
                 for job in jobs:
                     try:
                         result = handler(job)
-                        if result is not None:
+                        if is_unrun_work(result):
                             refuse_result(result)
                     except Exception as exc:  # one job's failure must not fail the batch
                         job.mark_error(exc)
@@ -270,7 +270,7 @@ def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> Bat
     async def run_one(job: Job) -> None:
         try:
             result = await handler(job)
-            if result is not None:
+            if is_unrun_work(result):
                 refuse_result(result)
         except Exception as exc:  # one job's failure must not fail the batch
             job.mark_error(exc)
@@ -292,6 +292,12 @@ def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> Bat
 
     run_each.__name__ = getattr(handler, "__name__", "handler")
     return run_each
+
+
+def is_unrun_work(result: object) -> bool:
+    """A coroutine or generator: work created and never run. A per-job handler may return
+    a value (it is not used); returning one of these means its job's work did not happen."""
+    return inspect.iscoroutine(result) or inspect.isgenerator(result)
 
 
 def refuse_result(result: object) -> None:

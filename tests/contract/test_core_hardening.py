@@ -558,3 +558,20 @@ def test_config_errors_keep_their_bracketed_section_names(tmp_path: Path) -> Non
     result = qcluster("stats", "--config", str(config))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "[queues.foo]" in result.stderr, result.stderr
+
+
+def test_a_per_job_handler_returning_a_value_is_done(broker_url: str, queue_name: str) -> None:
+    """A value (not unrun work) returned by a per-job handler is not used: its job is done."""
+    app = App()
+
+    @app.job_queue(queue_name, batch_size=10, max_attempts=1)
+    def handle(job: Job) -> dict[str, int]:
+        return {"sent": job.attempts}
+
+    client = Client(broker_url)
+    client.enqueue_many(queue_name, [1, 2, 3])
+    runner = SlotRunner(app, queue_name, open_broker(broker_url))
+    run_until(runner, lambda: client.stats(queue_name) == {"ready": 0, "locked": 0,
+                                                           "delayed": 0, "dead": 0})
+    runner._flush()
+    assert client.dead_jobs(queue_name) == []
