@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from qcluster.cli_support import check_port_free, settings_for, user_errors
+from qcluster.cli_support import UsageError, check_port_free, settings_for, user_errors
 from qcluster.demo.feed import Feed
 
 out = Console()
@@ -94,6 +94,10 @@ def _summary(admin: str) -> str:
         return "manager starting..."
 
 
+#: The highest TCP port.
+MAX_PORT = 65535
+
+
 def demo(
     duration: Annotated[
         float | None, typer.Option("--duration", help="Stop after S seconds (default: Ctrl-C)")
@@ -109,6 +113,9 @@ def demo(
     from qcluster.broker.embedded_life import hold, release
 
     with user_errors():  # the manager's port and the masters' after it, before any start
+        if not 1 <= port <= MAX_PORT - 2:
+            raise UsageError(f"--port: the manager takes P and the masters P+1 and P+2: give "
+                             f"a P from 1 to {MAX_PORT - 2}, not {port}")
         for taken in range(port, port + 3):
             check_port_free("127.0.0.1", taken, "--port")
     state_dir = state_dir.resolve()

@@ -30,6 +30,7 @@ from qcluster.cli_support import (
 from qcluster.config import DEFAULT_MANAGER_URL, Settings
 from qcluster.errors import ConfigError
 from qcluster.messages import ClusterClaim
+from qcluster.names import check_queue_name
 from qcluster.policy import QUEUE_NAME_PATTERN
 from qcluster.security import ListenAddress, is_decimal
 from qcluster.slot.prefork import prepare_slots
@@ -86,13 +87,14 @@ def hold_metrics_directory(directory: Path, host: str) -> int:
 
 
 def parse_slots(text: str) -> dict[str, int]:
-    """``resize=4,mail=2`` -> {"resize": 4, "mail": 2}; a clear error otherwise."""
+    """``resize=4,mail=2`` -> {"resize": 4, "mail": 2}; a bad command line (UsageError,
+    InvalidQueueName: exit 2) otherwise."""
     row: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         queue, sep, count = part.partition("=")
         if not sep or not queue or not is_decimal(count.strip()):
-            raise ConfigError(f"--slots: expected QUEUE=N[,QUEUE=N...], got {part!r}")
-        row[queue.strip()] = int(count)
+            raise UsageError(f"--slots: expected QUEUE=N[,QUEUE=N...], got {part!r}")
+        row[check_queue_name(queue.strip())] = int(count)
     return row
 
 

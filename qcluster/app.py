@@ -7,10 +7,12 @@ loop (qcluster.slot.aio).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import inspect
 import logging
+import math
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -96,8 +98,10 @@ class App:
         ignored; one that runs too long is left behind: the jobs' outcome never waits
         for a hook and never depends on one.
         """
-        if timeout <= 0:
-            raise ConfigError(f"on_failure: timeout must be > 0, not {timeout!r}")
+        if (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                or not math.isfinite(timeout) or timeout <= 0):
+            raise ConfigError(f"on_failure: timeout must be a finite number of seconds > 0, "
+                              f"not {timeout!r}")
 
         def bind(target: FailureHook) -> FailureHook:
             _check_hook(target)
@@ -150,7 +154,9 @@ class App:
             def run_each(jobs: list[Job]) -> None:
                 for job in jobs:
                     try:
-                        handler(job)
+                        result = handler(job)
+                        if is_unrun_work(result):
+                            refuse_result(result)
                     except Exception as exc:  # one job's failure must not fail the batch
                         job.mark_error(exc)
 
@@ -265,7 +271,9 @@ def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> Bat
 
     async def run_one(job: Job) -> None:
         try:
-            await handler(job)
+            result = await handler(job)
+            if is_unrun_work(result):
+                refuse_result(result)
         except Exception as exc:  # one job's failure must not fail the batch
             job.mark_error(exc)
         else:
@@ -286,6 +294,28 @@ def _each_concurrently(handler: AsyncJobHandler, concurrency: int | None) -> Bat
 
     run_each.__name__ = getattr(handler, "__name__", "handler")
     return run_each
+
+
+def is_unrun_work(result: object) -> bool:
+    """A coroutine or generator: work created and never run. A per-job handler may return
+    a value (it is not used); returning one of these means its job's work did not happen."""
+    return inspect.iscoroutine(result) or inspect.isgenerator(result)
+
+
+def refuse_result(result: object) -> None:
+    """A handler returns None. Anything else means the work may not have happened: a
+    coroutine or generator was created and never run (a sync handler returning one, an
+    async one returning another coroutine without awaiting it). Close it (no "never
+    awaited" warning) and raise, so that the jobs fail (retried, then dead-lettered)
+    instead of being acked without having run."""
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        with contextlib.suppress(Exception):
+            result.close()
+    raise TypeError(
+        f"the handler returned {type(result).__name__}, not None: a handler must do its "
+        "work before returning (declare it async def to have it awaited; a generator is "
+        "never run)"
+    )
 
 
 def _cancelling() -> bool:

@@ -55,8 +55,13 @@ cli = typer.Typer(
 
 
 def _read_jsonl(path: Path) -> Iterator[Any]:
-    with path.open() as file:
-        for number, line in enumerate(file, 1):
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise EnvelopeError(f"{path}:{number}: not UTF-8 text (byte "
+                                    f"{raw[exc.start]:#04x})") from None
             if not line.strip():
                 continue
             try:
@@ -66,8 +71,11 @@ def _read_jsonl(path: Path) -> Iterator[Any]:
 
 
 def _count_lines(path: Path) -> int:
-    with path.open("rb") as file:
-        return sum(1 for line in file if line.strip())
+    try:
+        with path.open("rb") as file:
+            return sum(1 for line in file if line.strip())
+    except OSError as exc:
+        raise UsageError(f"--file {path}: cannot read: {exc.strerror or exc}") from None
 
 
 @cli.command()

@@ -36,7 +36,9 @@ from qcluster.errors import (
 )
 from qcluster.names import closest
 
-err = Console(stderr=True)
+# soft_wrap: a message is one line whatever the width (rich folds at 80 columns on a pipe,
+# and a log or a script reading stderr gets the message cut in pieces).
+err = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 ConfigOpt = Annotated[

@@ -233,6 +233,9 @@ def resolve_config_path(explicit: str | Path | None) -> Path | None:
     else:
         default = Path(DEFAULT_CONFIG_FILE)
         return default if default.is_file() else None
+    if path.is_dir():
+        raise ConfigError(f"configuration file {str(path)!r} is a folder: give the "
+                          "qcluster.toml file in it")
     if not path.is_file():
         raise ConfigError(f"configuration file {str(path)!r} does not exist")
     return path

@@ -27,9 +27,11 @@ from qcluster.cli_support import (
     settings_for,
     user_errors,
 )
+from qcluster.cluster_identity import IDENTITY_KEY
 from qcluster.config import DEFAULT_MANAGER_URL
 from qcluster.controls import parse_stored, utc_text
 from qcluster.jobs import JobInfo, payload_of
+from qcluster.messages import ClusterClaim
 from qcluster.names import check_queue_name, closest
 
 #: ``qcluster job``: no queue holds the job, nor a record of it.
@@ -69,9 +71,13 @@ def job(
         if as_json:
             unknown = JobInfo(id=job_id, state="unknown", note="no queue holds it")
             out.print_json(unknown.model_dump_json())
-        err.print(escape(f"no job {job_id} in {', '.join(names) or 'any queue'} (finished "
-                         "jobs are remembered for their queue's keep_finished_s only)"),
-                  highlight=False)
+        if names:
+            where = (f"in {', '.join(names)} (finished jobs are remembered for their queue's "
+                     "keep_finished_s only)")
+        else:  # nothing was searched: say why rather than "no such job"
+            where = ("in any queue: no queue to look in (the broker lists none, RabbitMQ "
+                     "cannot, and the configuration names none): name it with --queue QUEUE")
+        err.print(escape(f"no job {job_id} {where}"), highlight=False)
         raise typer.Exit(JOB_NOT_FOUND)
     if as_json:
         out.print_json(found.model_dump_json())
@@ -231,10 +237,20 @@ def stats(
     """Ready, locked, delayed and dead counts per queue, whether it is paused, its in/out
     rates (jobs/s, from the manager when it answers) and the drained hosts."""
     settings = settings_for(config, broker_url=broker, manager_url=manager)
-    rates, rates_note = _rates(settings.manager_url)
+    rates, rates_note, managers_cluster = _rates(settings.manager_url)
     queue_broker = open_existing_broker(settings)
     with user_errors():
         try:
+            paused, drained, cluster = _controls(queue_broker)
+            if (managers_cluster is not None and cluster is not None
+                    and managers_cluster.id != cluster):
+                # another cluster's manager (the default URL, a second cluster on this
+                # machine): its queues and rates are not this broker's
+                rates, rates_note = {}, (
+                    f"no in/out rates: the manager at {_manager_url(settings.manager_url)} "
+                    f"works on another broker ({managers_cluster.broker}, cluster "
+                    f"{managers_cluster.id[:8]}; this one is "
+                    f"{cluster[:8] or 'none: no manager or master ever used it'})")
             # AMQP cannot list a broker's queues: the manager's and the configuration's
             # are added, so that RabbitMQ shows its queues too, not an empty table.
             names = [queue] if queue else sorted(
@@ -243,7 +259,6 @@ def stats(
             if queue and not any(rows[queue].values()):
                 _warn_unknown(queue_broker, queue)
             notes = queue_broker.durability()
-            paused, drained = _controls(queue_broker)
         finally:
             queue_broker.close()
     if not rows:
@@ -269,7 +284,8 @@ def stats(
     if drained:
         out.print(escape(f"drained hosts: {', '.join(sorted(drained))}"), highlight=False)
     if rates_note:
-        out.print(f"[yellow]rates:[/yellow] {escape(rates_note)}", highlight=False)
+        out.print(f"[yellow]rates:[/yellow] {escape(rates_note)}", highlight=False,
+                  soft_wrap=True)
     for note in notes:
         out.print(f"[yellow]durability:[/yellow] {escape(note)}", highlight=False)
 
@@ -286,30 +302,49 @@ def _warn_unknown(queue_broker: Any, queue: str) -> None:
               highlight=False, soft_wrap=True)
 
 
-def _controls(queue_broker: Any) -> tuple[set[str], set[str]]:
-    """Paused queues and drained hosts, as the broker keeps them (none: cannot be read)."""
+def _controls(queue_broker: Any) -> tuple[set[str], set[str], str | None]:
+    """Paused queues and drained hosts, as the broker keeps them (none: cannot be read), and
+    the broker's cluster identity ('' when it has none, None when it cannot be read)."""
     try:
-        stored = queue_broker.read_controls() or {}
+        read = queue_broker.read_controls()
     except NotImplementedError:
-        return set(), set()
+        return set(), set(), None
+    if read is None:  # RabbitMQ: another process holds the store for a moment
+        return set(), set(), None
+    stored = read
     found = [parse_stored(key, value) for key, value in stored.items()]
     controls = [c for c in found if c is not None]
+    identity = stored.get(IDENTITY_KEY, b"").decode("ascii", "replace").strip()
     return ({c.name for c in controls if c.kind == "pause"},
-            {c.name for c in controls if c.kind == "drain"})
+            {c.name for c in controls if c.kind == "drain"}, identity)
 
 
-def _rates(manager_url: str | None) -> tuple[dict[str, tuple[float, float]], str]:
-    """Each queue's (in, out) jobs/s from the manager's view, or a note why there are none."""
+def _manager_url(manager_url: str | None) -> str:
+    return (manager_url or DEFAULT_MANAGER_URL).rstrip("/")
+
+
+def _rates(manager_url: str | None
+           ) -> tuple[dict[str, tuple[float, float]], str, ClusterClaim | None]:
+    """Each queue's (in, out) jobs/s from the manager's view, or a note why there are none;
+    and the broker the manager works on (None: not known)."""
     import httpx
 
-    url = (manager_url or DEFAULT_MANAGER_URL).rstrip("/")
+    url = _manager_url(manager_url)
     try:
         reply = httpx.get(f"{url}/api/v1/cluster", timeout=2.0)
         reply.raise_for_status()
         queues = reply.json().get("queues", [])
-        return ({q["name"]: (float(q["rate_in"]), float(q["rate_out"])) for q in queues}, "")
+        rates = {q["name"]: (float(q["rate_in"]), float(q["rate_out"])) for q in queues}
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return {}, f"no in/out rates: the manager at {url} did not answer ({type(exc).__name__})"
+        return {}, (f"no in/out rates: the manager at {url} did not answer "
+                    f"({type(exc).__name__})"), None
+    try:
+        reply = httpx.get(f"{url}/api/v1/identity", timeout=2.0)
+        reply.raise_for_status()
+        theirs = reply.json().get("cluster")
+        return rates, "", None if theirs is None else ClusterClaim.model_validate(theirs)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return rates, "", None  # an older manager: its rates, unchecked
 
 
 def _rate(value: float | None) -> str:

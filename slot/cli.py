@@ -10,7 +10,14 @@ from typing import Annotated
 
 import typer
 
-from qcluster.cli_support import BrokerOpt, ConfigOpt, settings_for, setup_logging, user_errors
+from qcluster.cli_support import (
+    BrokerOpt,
+    ConfigOpt,
+    load_app_checked,
+    settings_for,
+    setup_logging,
+    user_errors,
+)
 from qcluster.errors import ConfigError
 
 
@@ -23,7 +30,6 @@ def slot(
     log_level: Annotated[str, typer.Option(help="Logging level")] = "INFO",
 ) -> None:
     """Run one slot in the foreground (development, tests, benchmarks)."""
-    from qcluster.app import load_app
     from qcluster.slot.runtime import run_slot
 
     setup_logging(log_level)
@@ -31,7 +37,7 @@ def slot(
     with user_errors():
         if not settings.app:
             raise ConfigError("no application: pass --app MODULE or set app in qcluster.toml")
-        application = load_app(settings.app).with_overrides(settings.queues)
+        application = load_app_checked(settings.app).with_overrides(settings.queues)
         application.spec(queue)
         code = run_slot(
             application, queue, broker_url=settings.broker_url, state_dir=settings.state_dir,

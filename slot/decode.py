@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 from collections.abc import Sequence
 
 from qcluster.errors import EnvelopeError
@@ -40,16 +38,3 @@ def decode_batch(deliveries: Sequence[Delivery],
             continue
         jobs.append(job)
     return jobs, rejected
-
-
-def refuse_result(result: object) -> None:
-    """A batch handler returns None. Anything else means the work did not happen here:
-    a coroutine (``async def``) or generator was created and never run. Close it (no
-    "never awaited" warning) and fail the batch instead of acking jobs that never ran."""
-    if inspect.iscoroutine(result) or inspect.isgenerator(result):
-        with contextlib.suppress(Exception):
-            result.close()
-    raise TypeError(
-        f"the handler returned {type(result).__name__}, not None: a handler must do its "
-        "work before returning (async def and generator handlers are not supported)"
-    )

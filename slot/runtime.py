@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any
 
 from qcluster import exitcodes, metrics, otel
-from qcluster.app import App, QueueSpec
+from qcluster.app import App, QueueSpec, refuse_result
 from qcluster.broker import Broker, Settlement
 from qcluster.channel import Channel
 from qcluster.errors import BrokerError
@@ -44,7 +44,7 @@ from qcluster.slot import identity
 from qcluster.slot.aio import run_async_batch
 from qcluster.slot.broker_outage import BrokerOutage
 from qcluster.slot.broker_refusal import refused_for_good
-from qcluster.slot.decode import decode_batch, refuse_result
+from qcluster.slot.decode import decode_batch
 from qcluster.slot.failure_report import FailureReporter
 from qcluster.slot.give_back import give_back
 from qcluster.slot.prefork import open_slot_broker

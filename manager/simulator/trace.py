@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -56,7 +56,7 @@ class QueueSpec(_Strict):
     shape: Literal["step", "linear"] = "step"
     period_s: float | None = Field(default=None, gt=0)
     """Repeat ``rate`` every ``period_s`` seconds."""
-    per_round: list[int] | None = None
+    per_round: list[Annotated[int, Field(ge=0)]] | None = None
     """Exact job counts per planning round instead of ``rate`` (a replayed recording)."""
     arrivals: Literal["poisson", "even"] = "poisson"
     every_s: float | None = Field(default=None, gt=0)
@@ -79,6 +79,8 @@ class QueueSpec(_Strict):
             raise ValueError("rate points must be sorted by time")
         if any(r < 0 for _, r in self.rate):
             raise ValueError("a rate cannot be negative")
+        if self.per_round is not None and self.rate:
+            raise ValueError("per_round replaces rate: give one of them")
         return self
 
     def queue_policy(self) -> QueuePolicy:
@@ -140,6 +142,11 @@ class Trace(_Strict):
                 raise ValueError(f"event at {event.at_s:g}s names unknown host {event.host!r}")
             if event.event == "capacity" and event.slots is None:
                 raise ValueError(f"capacity event at {event.at_s:g}s needs 'slots'")
+        for host, host_spec in self.hosts.items():
+            unknown = sorted(set(host_spec.serves or ()) - set(self.queues))
+            if unknown:
+                raise ValueError(f"hosts.{host}.serves names no queue of the trace: "
+                                 f"{', '.join(map(repr, unknown))}")
         for name, spec in self.queues.items():
             try:
                 spec.queue_policy()
@@ -191,21 +198,42 @@ def parse_trace(data: Any, source: str = "trace") -> Trace:
 def load_trace(path: Path) -> Trace:
     """A trace file (JSON) or a manager recording (JSON Lines), validated."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise TraceError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                         f"at offset {exc.start}): a trace is JSON, a recording JSON Lines"
+                         ) from None
     first = text.lstrip().split("\n", 1)[0]
     try:
-        head = json.loads(first)
-    except json.JSONDecodeError:
+        head = _json(first)
+    except ValueError:
         head = None
     if isinstance(head, dict) and head.get("type") == "header":
         return recording_to_trace(text, str(path))
     try:
-        data = json.loads(text)
+        data = _json(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}") from None
+    except NonFiniteNumber as exc:
+        raise TraceError(f"{path}: not JSON: {exc}") from None
     return parse_trace(data, str(path))
+
+
+class NonFiniteNumber(ValueError):
+    """NaN or Infinity: Python's json reads them, JSON has no such numbers."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise NonFiniteNumber(f"{name} is not a number JSON has (a trace's numbers are finite)")
+
+
+def _json(text: str) -> Any:
+    """``json.loads`` without NaN and Infinity: a rate or a duration of either ran as no
+    jobs at all, or ended in a traceback."""
+    return json.loads(text, parse_constant=_refuse_constant)
 
 
 # --- recordings ------------------------------------------------------------------
@@ -397,7 +425,9 @@ def _rec_lines(text: str, source: str) -> list[RecordLine]:
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            data = _json(line)
+        except NonFiniteNumber as exc:
+            raise TraceError(f"{source}:{number}: not JSON: {exc}") from None
         except json.JSONDecodeError as exc:
             if number == len(raw):
                 logger.warning("%s:%d: torn last line skipped (a crash mid-write?)",

@@ -188,6 +188,13 @@ class RedisBroker(Broker):
             yield
         except CONNECTION_ERRORS as exc:
             raise BrokerUnavailable(f"Redis at {self.safe_url} unreachable: {exc}") from exc
+        except redis.exceptions.InvalidResponse as exc:
+            # Not a Redis reply at all: the URL names another service (the manager's port,
+            # an HTTP server), or the link garbled it. Nothing was stored; the next call
+            # opens a new connection.
+            raise BrokerUnavailable(
+                f"Redis at {self.safe_url} unreachable: what answers there does not speak "
+                f"Redis ({exc}): is the host and port right?") from exc
         except redis.RedisError as exc:
             if "maxmemory" in str(exc):  # OOM: a plain command's and a script's wording
                 raise BrokerError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import stat
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -261,6 +262,67 @@ def test_a_handler_returning_a_coroutine_fails_the_batch_instead_of_acking_it(
     assert all("returned coroutine" in d.reason for d in client.dead_jobs(queue_name))
 
 
+def _sync_returns_a_coroutine(app: App, queue: str, ran: list[int]) -> None:
+    async def work(job: Job) -> None:
+        ran.append(job.payload)
+
+    @app.job_queue(queue, batch_size=10, max_attempts=1)
+    def handle(job: Job):
+        return work(job)  # the per-job form of the same slip
+
+
+def _async_returns_a_coroutine(app: App, queue: str, ran: list[int]) -> None:
+    async def work(job: Job) -> None:
+        ran.append(job.payload)
+
+    @app.job_queue(queue, batch_size=10, max_attempts=1)
+    async def handle(job: Job):
+        return work(job)  # forgot the await
+
+
+def _sync_returns_a_generator(app: App, queue: str, ran: list[int]) -> None:
+    def work(job: Job) -> Iterator[None]:
+        ran.append(job.payload)
+        yield None
+
+    @app.job_queue(queue, batch_size=10, max_attempts=1)
+    def handle(job: Job):
+        return work(job)
+
+
+@pytest.mark.parametrize("declare", [_sync_returns_a_coroutine, _async_returns_a_coroutine,
+                                     _sync_returns_a_generator])
+def test_a_per_job_handler_returning_unrun_work_fails_its_job_instead_of_acking_it(
+    broker_url: str, queue_name: str, declare: Callable[[App, str, list[int]], None]
+) -> None:
+    """@app.job_queue ignored what its handler returned: the jobs were acked as done
+    although their work never ran, and nothing was dead-lettered."""
+    app = App()
+    ran: list[int] = []
+    declare(app, queue_name, ran)
+    client = Client(broker_url)
+    client.enqueue_many(queue_name, [1, 2, 3])
+    runner = SlotRunner(app, queue_name, open_broker(broker_url))
+    failed: list[BaseException] = []
+
+    def drain() -> None:
+        try:
+            run_until(runner, lambda: client.stats(queue_name)["dead"] == 3)
+            runner._flush()
+        except BaseException as exc:  # reported in the test's thread
+            failed.append(exc)
+
+    # A thread of its own, as a slot's main thread: no event loop another test left
+    # running in this one (asyncio.Runner refuses to run inside a running loop).
+    worker = threading.Thread(target=drain)
+    worker.start()
+    worker.join(60)
+    assert not failed and not worker.is_alive(), failed
+    assert ran == []
+    reasons = [d.reason for d in client.dead_jobs(queue_name)]
+    assert len(reasons) == 3 and all("the handler returned" in r for r in reasons), reasons
+
+
 # --- defect 5: queue names -----------------------------------------------------------
 
 
@@ -437,6 +499,31 @@ def test_cli_enqueue_file_with_a_bad_line_says_how_many_were_enqueued(
         assert client.stats("q")["ready"] == 1000
 
 
+def test_cli_enqueue_file_that_is_not_utf8_names_its_line(
+    private_redis: str, tmp_path: Path
+) -> None:
+    """It ended in a UnicodeDecodeError traceback (exit 1)."""
+    jobs = tmp_path / "latin1.jsonl"
+    jobs.write_bytes(b'{"n": 1}\n{"name": "caf\xe9"}\n')
+    result = qcluster("enqueue", "q-latin1", "--file", str(jobs), "--broker", private_redis)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{jobs}:2: not UTF-8 text (byte 0xe9)" in " ".join(result.stderr.split())
+    with Client(private_redis) as client:
+        assert client.stats("q-latin1")["ready"] == 0
+
+
+def test_cli_job_not_found_is_one_line(private_redis: str) -> None:
+    """It was folded over two or three lines at 80 columns (stderr not a terminal)."""
+    result = qcluster("job", "no-such-job", "--queue", "a-rather-long-queue-name-for-the-line",
+                      "--broker", private_redis, "--manager", "http://127.0.0.1:9")
+    assert result.returncode == 15, result.stderr
+    said = ("no job no-such-job in a-rather-long-queue-name-for-the-line (finished jobs are "
+            "remembered for their queue's keep_finished_s only)")
+    assert said in result.stderr.splitlines(), result.stderr  # this private Redis has no
+    # AOF: the line before it is the durability note
+
+
 def test_cli_dead_limit_zero_shows_no_job(private_redis: str) -> None:
     broker = open_broker(private_redis)
     broker.publish("q", "j1", b"{}")
@@ -511,3 +598,20 @@ def test_a_full_redis_says_so_and_slots_that_finish_jobs_free_it(private_redis: 
     broker.ack("q", taken)
     assert broker.publish("q", uuid.uuid4().hex, body)
     broker.close()
+
+
+def test_a_per_job_handler_returning_a_value_is_done(broker_url: str, queue_name: str) -> None:
+    """A value (not unrun work) returned by a per-job handler is not used: its job is done."""
+    app = App()
+
+    @app.job_queue(queue_name, batch_size=10, max_attempts=1)
+    def handle(job: Job) -> dict[str, int]:
+        return {"sent": job.attempts}
+
+    client = Client(broker_url)
+    client.enqueue_many(queue_name, [1, 2, 3])
+    runner = SlotRunner(app, queue_name, open_broker(broker_url))
+    run_until(runner, lambda: client.stats(queue_name) == {"ready": 0, "locked": 0,
+                                                           "delayed": 0, "dead": 0})
+    runner._flush()
+    assert client.dead_jobs(queue_name) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -50,6 +51,24 @@ def test_job_shows_a_dead_letter_with_its_traceback_and_an_unknown_id_exits_15(
     code, output = run("job", "nope", "--broker", redis_url, "--queue", queue_name,
                        "--manager", "http://127.0.0.1:9")
     assert code == JOB_NOT_FOUND and "no job nope" in output
+
+
+def empty_config(tmp_path: Path) -> Path:
+    """A configuration naming no queue (the runner's own qcluster.toml might)."""
+    path = tmp_path / "empty.toml"
+    path.write_text("")
+    return path
+
+
+def test_job_on_rabbitmq_without_a_queue_says_to_name_one(rabbitmq_url: str,
+                                                           tmp_path: Path) -> None:
+    """A fresh process on RabbitMQ knows no queue (AMQP cannot list them), so nothing was
+    searched: it said 'no job ID in any queue', as if the job did not exist."""
+    code, output = run("job", "some-id", "--broker", rabbitmq_url,
+                       "--config", str(empty_config(tmp_path)),
+                       "--manager", "http://127.0.0.1:9")
+    assert code == JOB_NOT_FOUND, output
+    assert "no queue to look in" in output and "name it with --queue QUEUE" in output
 
 
 def test_dead_lists_as_json_and_requeues_and_deletes_by_id(

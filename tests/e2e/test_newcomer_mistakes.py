@@ -60,6 +60,41 @@ MISTAKES = {
         ("master", "--app", "good_app:ap", "--no-metrics", "--listen", "FREE"),
         exitcodes.APP_IMPORT, "module 'good_app' has no attribute 'ap' (qcluster.App objects "
                               "in it: app)"),
+    # `qcluster slot` printed the import's traceback and exited 1 for the first two.
+    "syntax error in the app, slot": Mistake(
+        ("slot", "--app", "syntax_app", "--queue", "emails"),
+        exitcodes.APP_IMPORT, "syntax_app.py:3: invalid syntax"),
+    "the app raises on import, slot": Mistake(
+        ("slot", "--app", "raising_app", "--queue", "emails"),
+        exitcodes.APP_IMPORT, "raising_app.py:2: RuntimeError: database not configured"),
+    "mod:attr missing, slot": Mistake(
+        ("slot", "--app", "good_app:ap", "--queue", "emails"),
+        exitcodes.APP_IMPORT, "module 'good_app' has no attribute 'ap'"),
+    # A missing --file ended in a FileNotFoundError traceback (exit 1).
+    "enqueue --file that does not exist": Mistake(
+        ("enqueue", "emails", "--file", "jobs.jsonl"), exitcodes.USAGE,
+        "--file jobs.jsonl: cannot read: No such file or directory"),
+    # Printed over two lines (rich folds stderr at 80 columns when it is not a terminal).
+    "dead --delete without ids": Mistake(
+        ("dead", "emails", "--delete"), exitcodes.USAGE,
+        "give IDS with --delete (and optionally with --requeue), and --requeue or --delete "
+        "with IDS"),
+    # It said the folder "does not exist".
+    "--config a folder": Mistake(
+        ("stats", "--config", "."), exitcodes.CONFIG,
+        "configuration file '.' is a folder: give the qcluster.toml file in it"),
+    # Exit 6 (a configuration error) and exit 3 (no handler for 'bad name'): both are a
+    # bad command line, exit 2 (docs/reference.md, "Exit codes").
+    "--slots not QUEUE=N": Mistake(
+        ("master", "--app", "good_app", "--no-metrics", "--listen", "FREE", "--slots",
+         "emails=x"), exitcodes.USAGE, "--slots: expected QUEUE=N[,QUEUE=N...], got 'emails=x'"),
+    "--slots with a queue name outside the rule": Mistake(
+        ("master", "--app", "good_app", "--no-metrics", "--listen", "FREE", "--slots",
+         "bad name=1"), exitcodes.USAGE, "invalid queue name 'bad name'"),
+    # An OverflowError traceback from bind() (exit 1).
+    "demo --port out of range": Mistake(
+        ("demo", "--port", "70000"), exitcodes.USAGE,
+        "--port: the manager takes P and the masters P+1 and P+2: give a P from 1 to 65533"),
     "master port in use": Mistake(
         ("master", "--app", "good_app", "--no-metrics", "--listen", "TAKEN"),
         exitcodes.ADDRESS_IN_USE, "already in use (another qcluster process?): choose "

@@ -129,3 +129,42 @@ def test_a_master_on_another_broker_than_its_manager_is_refused(
                            f"{tmp_path}/.qcluster, but the manager at http://127.0.0.1:{port} "
                            f"uses {redis_url}: they are different brokers"), last
     assert processes_under(tmp_path) == []  # nor did its embedded broker outlive it
+
+
+def test_stats_does_not_show_another_clusters_manager_rates_as_its_own(
+        tmp_path: Path, redis_url: str) -> None:
+    """The manager at the default URL can be another cluster's (a demo on 7300 beside
+    --broker PROD): stats listed that manager's queues and rates against its own broker."""
+    (tmp_path / "good_app.py").write_text(GOOD_APP)
+    port, other_port = free_port(), free_port()
+    theirs = "emails"  # the queue their master reports
+    manager_url = f"http://127.0.0.1:{port}"
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    local = f"embedded://{ours}/state"
+    manager = start(tmp_path, "manager.log", "manager", "--listen", f"127.0.0.1:{port}",
+                    QCLUSTER_BROKER_URL=redis_url)
+    # a cluster of its own on its embedded broker (its manager keeps the broker up)
+    own_manager = start(ours, "manager.log", "manager", "--listen", f"127.0.0.1:{other_port}",
+                        QCLUSTER_BROKER_URL=local)
+    master = None
+    try:
+        wait_until(lambda: healthy(port) and healthy(other_port), timeout_s=60,
+                   message="both managers answering")
+        master = start(tmp_path, "master.log", "master", "--app", "good_app", "--no-metrics",
+                       "--listen", str(free_port()), "--manager", manager_url,
+                       QCLUSTER_BROKER_URL=redis_url)
+        wait_until(lambda: theirs in run(tmp_path, "stats", "--broker", redis_url,
+                                         "--manager", manager_url).stdout,
+                   timeout_s=60, message="the manager's rates of its own broker")
+        assert run(ours, "enqueue", "local-queue", "{}", "--broker", local).returncode == 0
+        other = run(ours, "stats", "--broker", local, "--manager", manager_url)
+    finally:
+        if master is not None:
+            stop(master)
+        stop(own_manager)
+        stop(manager)
+    assert other.returncode == 0, other.stderr
+    assert theirs not in other.stdout and "local-queue" in other.stdout, other.stdout
+    assert (f"no in/out rates: the manager at {manager_url} works on another broker "
+            f"({redis_url}, cluster") in other.stdout, other.stdout

@@ -60,6 +60,14 @@ def test_a_hand_written_trace_runs(tmp_path: Path) -> None:
     ({"events": [{"at_s": 1, "host": "zz", "event": "die"}]}, "unknown host 'zz'"),
     ({"queues": {"mail": {"rate": [[5, 1], [1, 2]]}}}, "rate points must be sorted by time"),
     ({"hostz": {}}, "hostz: Extra inputs are not permitted"),
+    # These three ran: a misspelt queue in serves left the queue unserved, a negative
+    # count took jobs away, and per_round beside rate silently replaced it.
+    ({"hosts": {"a": {"slots": 4, "serves": ["mial"]}}},
+     "hosts.a.serves names no queue of the trace: 'mial'"),
+    ({"queues": {"mail": {"per_round": [5, -3, 2]}}},
+     "queues.mail.per_round.1: Input should be greater than or equal to 0"),
+    ({"queues": {"mail": {"rate": [[0, 20]], "per_round": [5]}}},
+     "queues.mail: per_round replaces rate: give one of them"),
 ])
 def test_a_bad_trace_is_refused_in_one_line(tmp_path: Path, change: dict[str, object],
                                             message: str) -> None:
@@ -119,6 +127,44 @@ def test_the_command_refuses_a_bad_trace_in_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad)])
     assert result.exit_code == 2
     assert "hosts: Field required" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("name", "data", "said"), [
+    ("latin1.json", b'{"duration_s": 10, "hosts": {"caf\xe9": {"slots": 1}}}',
+     "latin1.json:1: not UTF-8 text (byte 0xe9 at offset 33)"),
+    ("rec.jsonl", b'{"type": "header"}\n{"type": "round", "\xff"}\n',
+     "rec.jsonl:2: not UTF-8 text (byte 0xff at offset 38)"),
+])
+def test_a_trace_that_is_not_utf8_is_refused_in_one_line(
+        tmp_path: Path, name: str, data: bytes, said: str) -> None:
+    """It ended in a UnicodeDecodeError traceback (exit 1)."""
+    register_commands()
+    bad = tmp_path / name
+    bad.write_bytes(data)
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad)])
+    assert result.exit_code == 2
+    assert f"error: {tmp_path / said}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ('{"duration_s": Infinity, "hosts": {"a": {"slots": 1}}, "queues": {"q": {}}}',
+     "Infinity is not a number JSON has"),
+    ('{"duration_s": 60, "hosts": {"a": {"slots": 1}}, "queues": {"q": {"rate": [[0, NaN]]}}}',
+     "NaN is not a number JSON has"),
+    ('{"duration_s": 60, "hosts": {"a": {"slots": 1}},'
+     ' "queues": {"q": {"rate": [[0, -Infinity]]}}}', "-Infinity is not a number JSON has"),
+])
+def test_a_trace_with_nan_or_infinity_is_refused_in_one_line(
+        tmp_path: Path, text: str, said: str) -> None:
+    """Python's json reads NaN and Infinity: a duration of Infinity ended in an
+    OverflowError traceback, a rate of NaN or Infinity simulated no job at all (exit 0)."""
+    register_commands()
+    bad = write(tmp_path, "bad.json", text)
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad)])
+    assert result.exit_code == 2, result.output
+    assert f"error: {bad}: not JSON: {said}" in " ".join(result.output.split())
     assert "Traceback" not in result.output
 
 

@@ -146,3 +146,11 @@ def test_a_failure_hook_that_cannot_take_the_failure_is_refused_at_import() -> N
     app.on_failure(one_job)  # type: ignore[arg-type]
     app.on_failure(loose)
     assert len(app.failure_hooks) == 2
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "2", True])
+def test_a_failure_hook_timeout_that_is_no_duration_is_refused_at_import(timeout: Any) -> None:
+    """NaN and infinity were accepted (the hook then had no bound of its own), and a string
+    raised a TypeError instead of the ConfigError the master turns into one line."""
+    with pytest.raises(ConfigError, match="on_failure: timeout must be a finite number"):
+        App().on_failure(timeout=timeout)(lambda failure: None)

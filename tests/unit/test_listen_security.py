@@ -120,9 +120,10 @@ def test_unicode_digits_in_a_host_port_are_not_loopback() -> None:
 
 
 def test_unicode_digits_in_master_slots_are_one_clear_line() -> None:
+    from qcluster.cli_support import UsageError
     from qcluster.master.cli import parse_slots
 
-    with pytest.raises(ConfigError):
+    with pytest.raises(UsageError):
         parse_slots("resize=¹")
 
 
