@@ -113,7 +113,9 @@ def master(
     ] = None,
     manager: Annotated[
         str | None,
-        typer.Option("--manager", help="Manager URL to report to, e.g. http://127.0.0.1:7300"),
+        typer.Option("--manager", help="Manager URL to report to (default: "
+                                       "$QCLUSTER_MANAGER_URL, config manager_url, "
+                                       "http://127.0.0.1:7300)"),
     ] = None,
     app: Annotated[
         str | None,
@@ -154,7 +156,7 @@ def master(
                                               config=config, log_level=log_level)
         manager_url = None if slots is not None else _manager_url(settings)
         if manager_url:
-            check_manager_broker(manager_url, claim, supervisor.host_name)
+            manager_url = _checked_manager(manager_url, settings, claim, supervisor.host_name)
         code = _run(supervisor, address, manager_url, claim)
     raise typer.Exit(code)
 
@@ -239,6 +241,24 @@ def _manager_url(settings: Settings) -> str:
                 "QCLUSTER_MANAGER_URL or manager_url in qcluster.toml for another; --slots "
                 "runs a fixed row without one)", DEFAULT_MANAGER_URL)
     return DEFAULT_MANAGER_URL
+
+
+def _checked_manager(url: str, settings: Settings, claim: ClusterClaim | None,
+                     host: str) -> str | None:
+    """``url`` once its manager is known to work on this master's broker (or not known
+    yet). The default manager of this machine on another broker (a local demo beside
+    --broker PROD) is not this master's: it reports to none, said in one line. A manager
+    the user named on another broker is refused (WrongBroker)."""
+    from qcluster.cluster_identity import WrongBroker
+
+    try:
+        check_manager_broker(url, claim, host)
+    except WrongBroker as exc:
+        if settings.manager_url:
+            raise
+        logger.warning("%s: this master reports to no manager (--manager names one)", exc)
+        return None
+    return url
 
 
 def check_manager_broker(manager_url: str, mine: ClusterClaim | None, host: str) -> None:
