@@ -113,23 +113,35 @@ def test_a_master_without_the_token_is_not_heard(procs: Procs, redis_url: str) -
                      headers={"Host": "evil.example"}).status_code == 400
 
 
+def start_manager(procs: Procs, redis_url: str) -> int:
+    """A manager with the token, planning every half second; its port once it answers."""
+    port = free_port()
+    procs.env["QCLUSTER_TOKEN"] = TOKEN
+    procs.start("manager", "manager", "--broker", redis_url, "--listen", f"127.0.0.1:{port}",
+                "--interval", "0.5")
+    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
+    return port
+
+
+def start_master(procs: Procs, redis_url: str, port: int, name: str, *,
+                 host: str) -> subprocess.Popen[bytes]:
+    """``master-NAME`` reporting to the manager on ``port`` as ``host``, with a metrics
+    directory of its own (masters of one machine here)."""
+    procs.env["QCLUSTER_METRICS_DIR"] = str(procs.workdir / f"metrics-{name}")
+    return procs.start(f"master-{name}", "master", "--app", APP, "--broker", redis_url,
+                       "--manager", f"http://127.0.0.1:{port}", "--host-name", host,
+                       "--listen", f"127.0.0.1:{free_port()}")
+
+
 def test_a_master_stopped_cleanly_leaves_and_a_killed_one_stays_dead(
     procs: Procs, redis_url: str,
 ) -> None:
     """A host retired on purpose stayed DEAD (qcluster_host_up 0, the critical
     QclusterHostNotReporting alert) for as long as the manager ran; now a SIGTERM-stopped
     master leaves at once, and only a master that died without a clean stop is DEAD."""
-    port = free_port()
-    procs.env["QCLUSTER_TOKEN"] = TOKEN
-    procs.start("manager", "manager", "--broker", redis_url, "--listen", f"127.0.0.1:{port}",
-                "--interval", "0.5")
-    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
-    masters = {}
-    for name in ("kept", "stopped", "killed"):
-        procs.env["QCLUSTER_METRICS_DIR"] = str(procs.workdir / f"metrics-{name}")
-        masters[name] = procs.start(f"master-{name}", "master", "--app", APP, "--broker",
-                                    redis_url, "--manager", f"http://127.0.0.1:{port}",
-                                    "--host-name", name, "--listen", f"127.0.0.1:{free_port()}")
+    port = start_manager(procs, redis_url)
+    masters = {name: start_master(procs, redis_url, port, name, host=name)
+               for name in ("kept", "stopped", "killed")}
 
     def hosts() -> dict[str, bool]:
         view = try_json(port, "/api/v1/cluster") or {"hosts": []}
@@ -153,17 +165,10 @@ def test_two_masters_under_one_host_name_are_told_apart(procs: Procs, redis_url:
     word. Now the newer master holds the name, the other's reports are refused naming
     both (the manager's log and the refused master's), and once the holder stops the
     other is heard again."""
-    port = free_port()
-    procs.env["QCLUSTER_TOKEN"] = TOKEN
-    procs.start("manager", "manager", "--broker", redis_url, "--listen", f"127.0.0.1:{port}",
-                "--interval", "0.5")
-    wait_until(lambda: try_json(port, "/healthz"), timeout_s=60, message="manager up")
+    port = start_manager(procs, redis_url)
     masters = {}
-    for name in ("first", "second"):  # one machine here: a metrics directory each
-        procs.env["QCLUSTER_METRICS_DIR"] = str(procs.workdir / f"metrics-{name}")
-        masters[name] = procs.start(f"master-{name}", "master", "--app", APP, "--broker",
-                                    redis_url, "--manager", f"http://127.0.0.1:{port}",
-                                    "--host-name", "twin", "--listen", f"127.0.0.1:{free_port()}")
+    for name in ("first", "second"):
+        masters[name] = start_master(procs, redis_url, port, name, host="twin")
         wait_until(lambda: "twin" in {h["name"] for h in (try_json(port, "/api/v1/cluster")
                                                           or {"hosts": []})["hosts"]},
                    timeout_s=60, message="host twin reporting")

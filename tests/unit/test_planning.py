@@ -255,7 +255,14 @@ def test_a_flat_rate_moves_the_plan_at_most_once(rate: int, job_s: float, lag: l
                                                   priority: int) -> None:
     """Whatever the masters' lag (running = plan minus 0..3), a flat arrival rate settles
     the plan in at most one move after the first decision, and never flaps back."""
-    policy = make_policy(priority=priority, max_slots=100)
+    assert_moves_once_at_a_flat_rate(make_policy(priority=priority, max_slots=100), rate,
+                                     job_s, lag)
+
+
+def assert_moves_once_at_a_flat_rate(policy: QueuePolicy, rate: int, job_s: float,
+                                     lag: list[int]) -> None:
+    """``rate`` jobs of ``job_s`` each round, running = the plan minus ``lag``'s rounds:
+    at most one move after the first decision."""
     previous: QueuePlan | None = None
     planned = []
     for behind in lag:

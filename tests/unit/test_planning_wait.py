@@ -3,7 +3,6 @@ its reason, a flat rate, and the policy's refusal without a target_wait."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from qcluster.manager.planning.plan import (
     plan,
 )
 from qcluster.policy import QueuePolicy
+from tests.unit.test_planning import assert_moves_once_at_a_flat_rate
 
 TU = 0.8
 BIG = 10_000
@@ -107,18 +107,7 @@ def test_a_flat_rate_moves_a_queue_sized_by_its_wait_at_most_once(
     """As for any queue: whatever the masters' lag, a flat arrival rate settles the plan in
     at most one move after the first decision."""
     policy = make_policy(priority=priority, max_slots=100, size_by="wait", target_wait=target)
-    previous: QueuePlan | None = None
-    planned = []
-    for behind in lag:
-        current = max(0, (previous.planned if previous else 0) - behind)
-        window = QueueWindow(processed=rate * 30, busy_s=rate * 30 * job_s,
-                             alive_s=max(current, 1) * 60.0, backlog=0, span_s=60.0,
-                             recent_s=2.0, recent_arrived=rate)
-        previous = plan([QueueInput("q", policy, current, window, previous=previous)],
-                        BIG, TU)["q"]
-        planned.append(previous.planned)
-    moves = [(a, b) for a, b in itertools.pairwise(planned) if a != b]
-    assert len(moves) <= 1, planned
+    assert_moves_once_at_a_flat_rate(policy, rate, job_s, lag)
 
 
 NEEDS_TARGET = 'size_by = "wait" needs a target_wait'
