@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from qcluster.app import App, load_app
+from qcluster.app import App
 from qcluster.broker.base import Broker
 from qcluster.config import Settings
 from qcluster.errors import (
@@ -87,8 +87,13 @@ def app_for_periodic(settings: Settings) -> App | None:
     periodic spec in the app is a ConfigError (the manager refuses to start)."""
     if not settings.app:
         return None
+    from qcluster.cli_support import load_app_checked
+
     try:
-        return load_app(settings.app)
+        # Every import failure in one line (a syntax error or an exception the module
+        # raises as much as a missing module): the manager goes on without the app.
+        app: App = load_app_checked(settings.app)
+        return app
     except AppImportError as exc:
         logger.warning("periodic jobs of app %s are not run by this manager: %s",
                        settings.app, exc)

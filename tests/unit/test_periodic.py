@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from qcluster.app import App
 from qcluster.config import load_settings
 from qcluster.errors import ConfigError
-from qcluster.manager.planning.periodic import configured_jobs
+from qcluster.manager.planning.periodic import app_for_periodic, configured_jobs
 from qcluster.periodic import MISSED_AFTER_S, PeriodicSpec, due_ticks, periodic_spec
 
 MISSED_MS = round(MISSED_AFTER_S * 1000)
@@ -232,3 +232,22 @@ def test_an_incomplete_file_entry_is_refused_at_the_managers_start(tmp_path: Pat
     config.write_text('[periodic.nightly]\ncron = "0 2 * * *"\n')  # no queue, no app job
     with pytest.raises(ConfigError, match=r"'nightly' \(\[periodic.nightly\]\): queue:"):
         configured_jobs(load_settings(config), None)
+
+
+@pytest.mark.parametrize("source, says", [
+    ("def broken(:\n", "broken_app_mod_0.py:1: "),
+    ("raise RuntimeError('no database')\n", "RuntimeError: no database"),
+])
+def test_a_manager_whose_app_fails_to_import_goes_on_without_its_periodic_jobs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        source: str, says: str) -> None:
+    """A manager's app (for its @app.periodic jobs) with a syntax error or raising at import
+    ended the manager with a traceback, although a manager runs without the app's code
+    (logged, the configured and reported jobs still run)."""
+    name = f"broken_app_mod_{0 if 'def' in source else 1}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = load_settings(None).model_copy(update={"app": name})
+    with caplog.at_level("WARNING", logger="qcluster.manager.planning.periodic"):
+        assert app_for_periodic(settings) is None
+    assert says in caplog.text and "Traceback" not in caplog.text
