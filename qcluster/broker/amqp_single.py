@@ -10,9 +10,12 @@ connection is closed, which may take a heartbeat timeout). A writer that took "e
 lets go, the length limit would keep the newer one: every other entry lost.
 
 The rule here: only the call that **creates** the queue may start from an empty document
-(:meth:`SingleDocumentQueue.open` declares passively first: 404 means this call creates
-it). If the queue existed and holds no document, someone holds it: the caller does not
-write (:class:`DocumentHeld`) and tries again later. Readers never create the queue (a
+(:meth:`SingleDocumentQueue.open` declares passively first: 404 means this call may create
+it; of several calls that find no queue at once, only the one holding the queue's creation
+lock, an exclusive queue ``NAME~creating`` that the broker frees with its connection,
+creates it, and the others open it as existing). If the queue existed and holds no
+document, someone holds it: the caller does not write (:class:`DocumentHeld`) and tries
+again later. Readers never create the queue (a
 reader that did would leave it empty and make every writer refuse).
 
 A creator killed between its declare and its first confirmed write leaves an existing,
@@ -32,6 +35,11 @@ from qcluster.errors import BrokerUnavailable
 #: Of a few documents (a writer died between its confirmed publish and its ack of the old
 #: one) the caller picks; more than this is never expected.
 SCAN_LIMIT = 10
+#: Of several processes that find the queue missing, the ones that do not hold its
+#: creation lock look again this often, this long apart (the lock is held for three
+#: round trips), then refuse.
+CREATE_TRIES = 40
+CREATE_WAIT_S = 0.05
 
 
 class DocumentHeld(BrokerUnavailable):
@@ -50,13 +58,37 @@ class SingleDocumentQueue:
         self.arguments = {"x-max-length": 1}
 
     def open(self) -> tuple[Any, bool]:
-        """A channel on the queue and whether this call created it."""
-        if (channel := self._existing()) is not None:
-            return channel, False
-        channel = self.conn.channel()
-        channel.queue_declare(self.queue, durable=True, auto_delete=False,
-                              arguments=self.arguments)
-        return channel, True
+        """A channel on the queue and whether this call created it (at most one call
+        does, however many find the queue missing at once)."""
+        for attempt in range(CREATE_TRIES):
+            if (channel := self._existing()) is not None:
+                return channel, False
+            if (opened := self._create()) is not None:
+                return opened
+            if attempt + 1 < CREATE_TRIES:
+                time.sleep(CREATE_WAIT_S)
+        raise DocumentHeld(f"RabbitMQ queue {self.queue} is being created by another "
+                           f"process (it holds {self.queue}~creating): try again")
+
+    def _create(self) -> tuple[Any, bool] | None:
+        """Under the creation lock: a channel on the queue and whether this call created
+        it; None while another connection holds the lock."""
+        lock = f"{self.queue}~creating"
+        guard = self.conn.channel()
+        try:
+            guard.queue_declare(lock, exclusive=True, durable=False, auto_delete=False)
+        except amqp.exceptions.ResourceLocked:
+            return None  # the broker closed that channel
+        try:
+            if (channel := self._existing()) is not None:
+                return channel, False  # created by the lock's last holder
+            channel = self.conn.channel()
+            channel.queue_declare(self.queue, durable=True, auto_delete=False,
+                                  arguments=self.arguments)
+            return channel, True
+        finally:
+            guard.queue_delete(lock)
+            guard.close()
 
     def open_existing(self) -> Any | None:
         """A channel on the queue, or None when it does not exist (readers: never create)."""
