@@ -15,8 +15,8 @@ it; of several calls that find no queue at once, only the one holding the queue'
 lock, an exclusive queue ``NAME~creating`` that the broker frees with its connection,
 creates it, and the others open it as existing). If the queue existed and holds no
 document, someone holds it: the caller does not write (:class:`DocumentHeld`) and tries
-again later. Readers never create the queue (a
-reader that did would leave it empty and make every writer refuse).
+again later. Readers never create the queue (a reader that did would leave it empty and
+make every writer refuse).
 
 A creator killed between its declare and its first confirmed write leaves an existing,
 empty queue that every writer refuses: deleting the queue (``rabbitmqctl delete_queue``)
