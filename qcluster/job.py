@@ -28,9 +28,12 @@ def check_delay(delay: float, *, what: str = "delay") -> float:
     """``delay`` as a float if it is finite and in [0, MAX_DELAY_S]; else :class:`InvalidDelay`.
 
     A NaN or infinite delay cannot be stored as a time, and a huge one overflows the
-    brokers' clocks; both used to crash slots long after the producer went away.
+    brokers' clocks; both used to crash slots long after the producer went away. A string
+    or a bool is refused too, though float() would take "5" and True: a mix-up would run.
     """
     try:
+        if isinstance(delay, str | bytes | bool):
+            raise TypeError(delay)
         value = float(delay)
     except (TypeError, ValueError):
         raise InvalidDelay(f"{what} must be a number of seconds, not {delay!r}") from None

@@ -60,6 +60,19 @@ def test_a_delay_is_accepted_only_finite_and_within_a_year(delay: float) -> None
             check_delay(delay)
 
 
+@pytest.mark.parametrize("delay", ["5", b"5", True, False, None, [5]])
+def test_a_delay_that_is_not_a_number_is_refused(delay: object) -> None:
+    # float() would read "5" as five seconds and True as one: a caller's mix-up (a
+    # config string, a flag passed in the wrong place) would run on silently.
+    with pytest.raises(InvalidDelay, match="must be a number of seconds"):
+        check_delay(delay)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("delay", [0, 5, 2.5, 1e-9])
+def test_an_int_or_float_delay_is_taken(delay: float) -> None:
+    assert check_delay(delay) == float(delay)
+
+
 @given(st.floats(allow_nan=True, allow_infinity=True))
 def test_settling_never_fails_on_a_delay(delay: float) -> None:
     assert 0 <= delay_ms(delay) <= MAX_DELAY_S * 1000
