@@ -31,6 +31,7 @@ from qcluster.errors import (
     EnvelopeError,
     HandlerNotFound,
     InvalidDelay,
+    InvalidJobId,
     InvalidQueueName,
     QClusterError,
 )
@@ -73,6 +74,7 @@ _EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (UsageError, exitcodes.USAGE),
     (InvalidQueueName, exitcodes.USAGE),
     (InvalidDelay, exitcodes.USAGE),
+    (InvalidJobId, exitcodes.USAGE),
     (QClusterError, exitcodes.FAILURE),
 ]
 

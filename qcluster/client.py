@@ -13,7 +13,7 @@ from qcluster import otel
 from qcluster.broker import Broker, DeadJob, open_broker
 from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, check_delay, encode_new_jobs
 from qcluster.jobs import JobInfo
-from qcluster.names import check_queue_name, closest
+from qcluster.names import check_job_id, check_queue_name, closest
 
 if TYPE_CHECKING:
     from qcluster.app import App, QueueSpec
@@ -153,7 +153,8 @@ class Client:
         """Where job ``job_id`` is and since when (state ``unknown`` when no queue
         holds it, nor a record of it: finished jobs are remembered for their queue's
         ``keep_finished_s``). ``queue``: look in that queue only."""
-        found = self.broker.job(job_id, queues=None if queue is None else [queue])
+        found = self.broker.job(check_job_id(job_id),
+                                queues=None if queue is None else [queue])
         if found is None:
             return JobInfo(id=job_id, queue=queue, state="unknown",
                            note="no queue holds it (finished jobs are remembered for their "

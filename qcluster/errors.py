@@ -40,6 +40,10 @@ class InvalidQueueName(QClusterError, ValueError):
     """A queue name breaks the rule of :mod:`qcluster.names`."""
 
 
+class InvalidJobId(QClusterError, ValueError):
+    """A job id that no job can have: empty, blank or over MAX_JOB_ID_CHARS."""
+
+
 class InvalidDelay(QClusterError, ValueError):
     """A delay that is not a finite number of seconds in [0, MAX_DELAY_S]."""
 

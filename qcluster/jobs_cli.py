@@ -32,7 +32,7 @@ from qcluster.config import DEFAULT_MANAGER_URL
 from qcluster.controls import parse_stored, utc_text
 from qcluster.jobs import JobInfo, payload_of
 from qcluster.messages import ClusterClaim
-from qcluster.names import check_queue_name, closest
+from qcluster.names import check_job_id, check_queue_name, closest
 
 #: ``qcluster job``: no queue holds the job, nor a record of it.
 JOB_NOT_FOUND = 15
@@ -56,6 +56,8 @@ def job(
     """Where a job is and since when: ready, delayed, running (on which host and slot, as
     the manager knows from its masters), retrying (with its last error), dead (with the
     reason and traceback) or finished (kept keep_finished_s)."""
+    with user_errors():
+        check_job_id(job_id)
     settings = settings_for(config, broker_url=broker, manager_url=manager)
     queue_broker = open_existing_broker(settings)
     with user_errors():

@@ -14,10 +14,12 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
-from qcluster.errors import InvalidQueueName
+from qcluster.errors import InvalidJobId, InvalidQueueName
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
+#: The longest job id looked up: producers make 32 hex digits; a broker may keep others.
+MAX_JOB_ID_CHARS = 200
 
 
 @lru_cache(maxsize=4096)
@@ -39,6 +41,15 @@ def check_queue_name(name: str) -> str:
     if not isinstance(name, str):
         raise InvalidQueueName(f"queue name must be a string, not {type(name).__name__}")
     return _checked(name)
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if a job could have it; :class:`InvalidJobId` (a ValueError) if it is
+    empty, blank or longer than MAX_JOB_ID_CHARS (a lookup would only say "no job")."""
+    if not isinstance(job_id, str) or not job_id.strip() or len(job_id) > MAX_JOB_ID_CHARS:
+        raise InvalidJobId(f"invalid job id {job_id!r}: give the id enqueue returned "
+                           f"(1-{MAX_JOB_ID_CHARS} characters)")
+    return job_id
 
 
 def closest(name: str, known: Iterable[str], *, cutoff: float = 0.6) -> str | None:

@@ -16,17 +16,18 @@ from qcluster.jobs import MAX_PAGE, JobInfo, JobPage
 from qcluster.manager.api.deps import GUARDED, NamePath, ServiceDep
 from qcluster.manager.job_reads import JobReadsBusy
 from qcluster.manager.service import ManagerService
+from qcluster.names import MAX_JOB_ID_CHARS
 
 router = APIRouter(tags=["jobs"])
 
 T = TypeVar("T")
 #: A job id in a path: what producers make (32 hex digits) and any id a broker keeps.
-JobIdPath = Annotated[str, Path(min_length=1, max_length=200)]
+JobIdPath = Annotated[str, Path(min_length=1, max_length=MAX_JOB_ID_CHARS)]
 #: The most ids one request may name.
 MAX_IDS = 10_000
 
 
-JobIds = Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]],
+JobIds = Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_JOB_ID_CHARS)]],
                    Field(max_length=MAX_IDS)]
 
 

@@ -11,18 +11,21 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
-from qcluster import Job
+from qcluster import Job, exitcodes
 from qcluster.broker.redis_broker import RedisBroker
 from qcluster.broker.redis_scripts import delay_ms
+from qcluster.cli import cli, register_commands
 from qcluster.errors import (
     BrokerUnavailable,
     EnvelopeError,
     InvalidDelay,
+    InvalidJobId,
     InvalidQueueName,
 )
 from qcluster.job import MAX_DELAY_S, check_delay, decode_envelope
-from qcluster.names import QUEUE_NAME_PATTERN, check_queue_name
+from qcluster.names import MAX_JOB_ID_CHARS, QUEUE_NAME_PATTERN, check_job_id, check_queue_name
 
 # --- names ---------------------------------------------------------------------------
 
@@ -45,6 +48,28 @@ def test_a_name_is_accepted_only_if_it_is_safe_in_keys_and_markup(name: str) -> 
 def test_a_trailing_newline_is_not_a_valid_name() -> None:
     with pytest.raises(InvalidQueueName):
         check_queue_name("emails\n")
+
+
+# --- job ids -------------------------------------------------------------------------
+
+
+@given(st.text(max_size=MAX_JOB_ID_CHARS + 10))
+def test_a_job_id_is_looked_up_only_when_a_job_could_have_it(job_id: str) -> None:
+    if job_id.strip() and len(job_id) <= MAX_JOB_ID_CHARS:
+        assert check_job_id(job_id) == job_id
+    else:
+        with pytest.raises(InvalidJobId, match="invalid job id"):
+            check_job_id(job_id)
+
+
+@pytest.mark.parametrize("job_id", ["", "  ", "x" * (MAX_JOB_ID_CHARS + 1)])
+def test_qcluster_job_refuses_an_id_no_job_has_before_reaching_the_broker(job_id: str) -> None:
+    # Nothing listens on port 1: an id that got past the check would end in "unreachable".
+    register_commands()
+    result = CliRunner().invoke(cli, ["job", job_id, "--broker", "redis://127.0.0.1:1/0"],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == exitcodes.USAGE, result.output
+    assert "invalid job id" in result.output
 
 
 # --- delays --------------------------------------------------------------------------
