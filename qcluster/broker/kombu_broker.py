@@ -295,7 +295,12 @@ class KombuBroker(Broker):
         return self.job_reads.dead_by_ids(queue, "delete", ids)
 
     def job(self, job_id: str, *, queues: Sequence[str] | None = None) -> JobInfo | None:
-        return self.job_reads.lookup(job_id, self.queues() if queues is None else queues)
+        names = self.queues() if queues is None else queues
+        if not names:
+            # Nothing to look in (this process used no queue yet): a broker that does not
+            # answer is still said (BrokerUnavailable), not taken for a job found nowhere.
+            self.ping()
+        return self.job_reads.lookup(job_id, names)
 
     def job_page(self, queue: str, state: str, *, offset: int = 0, limit: int = 50,
                  running: Sequence[JobInfo] = ()) -> JobPage:

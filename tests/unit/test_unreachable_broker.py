@@ -103,6 +103,17 @@ def test_a_client_gives_up_on_a_refused_port_in_seconds(
 
 
 @pytest.mark.parametrize("kind", list(URLS))
+def test_a_job_lookup_in_no_queue_says_the_broker_is_unreachable(
+        kind: str, refused_port: int) -> None:
+    """``Client.job(id)`` without a queue, on a RabbitMQ it never used (AMQP cannot list
+    queues: nothing to look in), answered ``unknown`` ("no queue holds it") without
+    reaching the broker: a stopped broker was taken for a job found nowhere."""
+    url = URLS[kind].format(port=refused_port)
+    outcome = _ends_within(REFUSED_BOUND_S, lambda: Client(url).job("0123456789abcdef"))
+    _assert_said_unreachable(outcome, refused_port)
+
+
+@pytest.mark.parametrize("kind", list(URLS))
 def test_a_client_gives_up_on_a_broker_that_never_answers(kind: str, silent_port: int) -> None:
     """One connect (RabbitMQ) or reply (Redis) timeout, not one at connect and another at
     the first call (Redis, 10 s), nor six (RabbitMQ, 36 s)."""
