@@ -136,8 +136,8 @@ def open_configured_broker(settings: Settings) -> Any:
 def open_existing_broker(settings: Settings) -> Any:
     """For a command that only reads (stats, dead, job...): never starts the embedded
     broker, and a broker that does not answer is an error (exit BROKER_CONNECT, one line),
-    never an empty answer."""
-    from qcluster.broker import open_broker, parse_broker_url
+    never an empty answer, within seconds (SHORT_LIVED_GIVE_UP_S)."""
+    from qcluster.broker import SHORT_LIVED_GIVE_UP_S, open_broker, parse_broker_url
 
     with user_errors():
         parsed = parse_broker_url(settings.broker_url)
@@ -145,7 +145,8 @@ def open_existing_broker(settings: Settings) -> Any:
             from qcluster.broker.embedded_life import open_running
 
             return open_running(Path(parsed.state_dir or settings.state_dir))
-        broker = open_broker(parsed.text, state_dir=settings.state_dir)
+        broker = open_broker(parsed.text, state_dir=settings.state_dir,
+                             give_up_s=SHORT_LIVED_GIVE_UP_S)
         try:
             broker.ping()
         except BaseException:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qcluster import otel
-from qcluster.broker import Broker, DeadJob, open_broker
+from qcluster.broker import SHORT_LIVED_GIVE_UP_S, Broker, DeadJob, open_broker
 from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, check_delay, encode_new_jobs
 from qcluster.jobs import JobInfo
 from qcluster.names import check_job_id, check_queue_name, closest
@@ -38,6 +38,13 @@ class Client:
     whoever declares it first); a queue no app known here declares is declared as the
     broker URL says (``?queue_type=``, else classic) and its messages are limited to
     ``max_message_bytes`` (1 MiB by default). docs/operations.md, "Quorum queues".
+
+    ``give_up_s``: a call that cannot reach the broker (refused, dropped) raises
+    BrokerUnavailable after retrying this long, 2 s by default (one connect or reply
+    timeout more, 5 s, for a broker that does not answer at all); a producer that would
+    rather wait through a broker's restart gives more. None: as slots do (5 retries with
+    backoff, then BrokerUnavailable). docs/operations.md, "When the broker does not
+    answer".
     """
 
     def __init__(
@@ -47,11 +54,13 @@ class Client:
         state_dir: str | Path | None = None,
         max_message_bytes: int | None = None,
         app: App | None = None,
+        give_up_s: float | None = SHORT_LIVED_GIVE_UP_S,
     ) -> None:
         from qcluster.config import load_settings
 
         settings = load_settings(None, broker_url=broker_url, state_dir=state_dir)
-        self.broker: Broker = open_broker(settings.broker_url, state_dir=settings.state_dir)
+        self.broker: Broker = open_broker(settings.broker_url, state_dir=settings.state_dir,
+                                          give_up_s=give_up_s)
         self.max_message_bytes = max_message_bytes
         self.app = app
         self._settings_app = settings.app

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from qcluster.broker.base import (
+    SHORT_LIVED_GIVE_UP_S,
     Broker,
     DeadJob,
     DeadRetention,
@@ -29,8 +30,9 @@ _MODULES = {"embedded": EMBEDDED_MODULE, "redis": REDIS_MODULE, "redis-sentinel"
             "redis-cluster": REDIS_MODULE, "rabbitmq": KOMBU_MODULE}
 
 __all__ = [
-    "Broker", "BrokerUrl", "DeadJob", "DeadRetention", "QueueStats", "Settlement", "backend_module",
-    "check_redis_auth", "mask_url", "open_broker", "parse_broker_url",
+    "SHORT_LIVED_GIVE_UP_S", "Broker", "BrokerUrl", "DeadJob", "DeadRetention", "QueueStats",
+    "Settlement", "backend_module", "check_redis_auth", "mask_url", "open_broker",
+    "parse_broker_url",
 ]
 
 
@@ -77,7 +79,8 @@ def check_redis_auth(url: str | BrokerUrl) -> None:
     )
 
 
-def open_broker(url: str | None = None, *, state_dir: Path | str = ".qcluster") -> Broker:
+def open_broker(url: str | None = None, *, state_dir: Path | str = ".qcluster",
+                give_up_s: float | None = None) -> Broker:
     """A broker for ``url``; ``None`` or ``"embedded"`` means the embedded Redis.
 
     Parameters:
@@ -86,6 +89,10 @@ def open_broker(url: str | None = None, *, state_dir: Path | str = ".qcluster") 
             ``amqp://`` (several joined with ``;`` fail over), or
             ``embedded``/``embedded:///state/dir``.
         state_dir: where the embedded broker lives when ``url`` does not say.
+        give_up_s: for a short-lived caller (:data:`SHORT_LIVED_GIVE_UP_S`): a call that
+            cannot reach the broker raises BrokerUnavailable after retrying that long,
+            and a Redis is checked for eviction by the first call, not here. None (slots,
+            masters, the manager): retried with backoff, 5 times, to ride out a restart.
     Raises:
         ConfigError: the scheme is not supported, or a Redis on another machine has no
             password in the URL (:func:`check_redis_auth`).
@@ -100,9 +107,12 @@ def open_broker(url: str | None = None, *, state_dir: Path | str = ".qcluster") 
         from qcluster.broker.redis_broker import RedisBroker
 
         check_redis_auth(parsed)
-        redis_broker = RedisBroker.from_url(parsed)
-        redis_broker.check_durability()  # an evicting server is refused here
+        redis_broker = RedisBroker.from_url(parsed, give_up_s=give_up_s)
+        if give_up_s is None:
+            redis_broker.check_durability()  # an evicting server is refused here
+        else:
+            redis_broker.check_durability_at_first_call()
         return redis_broker
     from qcluster.broker.kombu_broker import KombuBroker
 
-    return KombuBroker(parsed.text)
+    return KombuBroker(parsed.text, give_up_s=give_up_s)

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import amqp
 
 from qcluster.broker.amqp_readahead import Connection
-from qcluster.broker.base import mask_url
+from qcluster.broker.base import UNREACHABLE_HINT, mask_url
 from qcluster.broker.urls import join_urls, split_urls
 from qcluster.errors import BrokerError, BrokerUnavailable
 
@@ -68,17 +68,22 @@ class AmqpLink:
     delivery tag of an earlier connection (a delivery's receipt is ``(epoch, tag)``) is
     never taken for one of this connection. ``on_lost`` is called first when the
     connection is lost or closed, so the parts built on it forget their channels, before
-    the link forgets its own (:meth:`lost`); ``on_wait`` between reconnect attempts."""
+    the link forgets its own (:meth:`lost`); ``on_wait`` between reconnect attempts.
+
+    ``give_up_s``: a call stops retrying that long after it began (a short-lived caller,
+    :data:`~qcluster.broker.base.SHORT_LIVED_GIVE_UP_S`); None: only ``max_retries``
+    bounds it, each connect retried with backoff (long-lived processes)."""
 
     def __init__(
         self, url: str, *, max_retries: int, connect_timeout_s: float | None,
         confirm_timeout_s: float, on_lost: Callable[[], None] = lambda: None,
-        on_wait: Callable[[], None] = lambda: None,
+        on_wait: Callable[[], None] = lambda: None, give_up_s: float | None = None,
     ) -> None:
         kombu_url, options = split_url_options(url)
         self.url = url
         self.safe_url = mask_url(url)
         self.max_retries = max_retries
+        self.give_up_s = give_up_s
         self.confirm_timeout_s = confirm_timeout_s
         self.heartbeat_s = options["heartbeat"]
         self.on_lost = on_lost
@@ -108,14 +113,19 @@ class AmqpLink:
 
     # --- connection handling --------------------------------------------------
 
-    def connect(self) -> None:
+    def connect(self, deadline: float | None = None) -> None:
+        """Connect unless connected, retrying with backoff ``max_retries`` times, and not
+        after ``deadline`` (time.monotonic()): the attempt under way when it passes ends
+        at its connect timeout."""
+        # kombu's own bound, total over its retries (0 would mean none: at least 1 ms).
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         try:
             self.conn.ensure_connection(
                 max_retries=self.max_retries, interval_start=0.2, interval_step=0.5,
-                interval_max=3.0, errback=lambda exc, interval: self.on_wait(),
+                interval_max=3.0, errback=lambda exc, interval: self.on_wait(), timeout=timeout,
             )
         except Exception as exc:
-            raise BrokerUnavailable(f"RabbitMQ at {self.safe_url} unreachable: {exc}") from exc
+            raise BrokerUnavailable(self.unreachable(exc)) from exc
         # The live py-amqp connection, for the heartbeat thread (which must never connect):
         # kombu may have reconnected inside ensure_connection, so read it every time.
         live = self.conn.connection
@@ -170,22 +180,29 @@ class AmqpLink:
         except Exception:  # best effort on a connection that is already broken
             logger.debug("collect after a connection error failed", exc_info=True)
 
+    def unreachable(self, exc: BaseException) -> str:
+        """The one line said when the broker cannot be reached: the URL, why, and what
+        to check."""
+        return (f"RabbitMQ at {self.safe_url} unreachable: {str(exc).rstrip('.')} "
+                f"({UNREACHABLE_HINT})")
+
     def retrying(self, op: Callable[[], T]) -> T:
         """``op`` on a live connection; after a recoverable error the connection is
-        lost (:meth:`lost`) and ``op`` runs again, at most ``max_retries`` more times."""
+        lost (:meth:`lost`) and ``op`` runs again, at most ``max_retries`` more times and,
+        with ``give_up_s``, not once that long has passed since the call began."""
+        deadline = None if self.give_up_s is None else time.monotonic() + self.give_up_s
         for attempt in range(self.max_retries + 1):
             try:
-                self.connect()
+                self.connect(deadline)
                 return op()
             except BrokerError:
                 raise
             except self.recoverable as exc:
                 logger.warning("RabbitMQ at %s: %s (attempt %d)", self.safe_url, exc, attempt + 1)
                 self.lost()
-                if attempt == self.max_retries:
-                    raise BrokerUnavailable(
-                        f"RabbitMQ at {self.safe_url} unreachable: {exc}"
-                    ) from exc
+                if attempt == self.max_retries or (
+                        deadline is not None and time.monotonic() >= deadline):
+                    raise BrokerUnavailable(self.unreachable(exc)) from exc
                 self.on_wait()
                 time.sleep(min(0.1 * 2**attempt, 2.0))
             except amqp.exceptions.AMQPError as exc:

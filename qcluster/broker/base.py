@@ -31,6 +31,19 @@ from qcluster.policy import (
     QueuePolicy,
 )
 
+#: How long a short-lived caller (a ``qcluster`` command such as ``stats`` or ``enqueue``,
+#: a :class:`~qcluster.client.Client`) goes on retrying a broker that refuses or drops its
+#: connections before the call raises BrokerUnavailable: a wrong port or a stopped broker
+#: is said in seconds, while a connection the broker closed (it restarted) is still
+#: opened again. A broker that accepts but does not answer (frozen, or a host that drops
+#: packets) is given one connect or reply timeout as well (5 s by default). Long-lived
+#: processes (slots, masters, the manager) keep retrying with backoff, then pause and try
+#: again: they ride out a broker's restart. docs/operations.md, "When the broker does not
+#: answer".
+SHORT_LIVED_GIVE_UP_S = 2.0
+#: What BrokerUnavailable's one line tells the user to check, after the URL and the reason.
+UNREACHABLE_HINT = "is it running, and are the URL's host and port right?"
+
 #: A queue's ``max_attempts`` when its policy does not say.
 DEFAULT_MAX_ATTEMPTS: int = QueuePolicy.model_fields["max_attempts"].default
 

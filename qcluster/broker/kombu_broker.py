@@ -127,13 +127,17 @@ class KombuBroker(Broker):
         confirm_timeout_s: float = 30.0,
         dead_max_count: int = DEFAULT_DEAD_MAX_COUNT,
         dead_max_age_s: float = DEFAULT_DEAD_MAX_AGE,
+        give_up_s: float | None = None,
     ) -> None:
         """``dead_max_count``/``dead_max_age_s``: dead-letter retention for a settle
-        whose ``retention`` is None (a slot passes its queue's policy)."""
+        whose ``retention`` is None (a slot passes its queue's policy). ``give_up_s``: a
+        call that cannot reach the broker raises that long after it began (short-lived
+        callers, :data:`~qcluster.broker.base.SHORT_LIVED_GIVE_UP_S`); None: after
+        ``max_retries`` connects, each retried with backoff (long-lived processes)."""
         self._retention = DeadRetention(dead_max_count, dead_max_age_s)
         url, default_type = split_queue_type(url)
         self.link = AmqpLink(url, max_retries=max_retries, connect_timeout_s=connect_timeout_s,
-                             confirm_timeout_s=confirm_timeout_s,
+                             confirm_timeout_s=confirm_timeout_s, give_up_s=give_up_s,
                              on_lost=self._connection_lost, on_wait=self._waiting)
         self.topology = Topology(self.link, default_type)
         self.publisher = Publisher(self.link, self.topology)
@@ -291,7 +295,12 @@ class KombuBroker(Broker):
         return self.job_reads.dead_by_ids(queue, "delete", ids)
 
     def job(self, job_id: str, *, queues: Sequence[str] | None = None) -> JobInfo | None:
-        return self.job_reads.lookup(job_id, self.queues() if queues is None else queues)
+        names = self.queues() if queues is None else queues
+        if not names:
+            # Nothing to look in (this process used no queue yet): a broker that does not
+            # answer is still said (BrokerUnavailable), not taken for a job found nowhere.
+            self.ping()
+        return self.job_reads.lookup(job_id, names)
 
     def job_page(self, queue: str, state: str, *, offset: int = 0, limit: int = 50,
                  running: Sequence[JobInfo] = ()) -> JobPage:
@@ -347,7 +356,8 @@ class KombuBroker(Broker):
     def reader(self) -> KombuBroker:
         # A kombu connection serves one thread at a time: another thread gets its own.
         return KombuBroker(self.url, max_retries=self.max_retries,
-                           confirm_timeout_s=self.confirm_timeout_s)
+                           confirm_timeout_s=self.confirm_timeout_s,
+                           give_up_s=self.link.give_up_s)
 
     def delete_queue(self, queue: str) -> None:
         """Remove the queue, its dead-letter queue and its delay ladder (tests; loses jobs)."""

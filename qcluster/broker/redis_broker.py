@@ -20,6 +20,7 @@ import redis
 
 from qcluster.broker import redis_durability, redis_jobs
 from qcluster.broker.base import (
+    UNREACHABLE_HINT,
     Broker,
     DeadJob,
     DeadRetention,
@@ -27,7 +28,7 @@ from qcluster.broker.base import (
     Settlement,
     mask_url,
 )
-from qcluster.broker.redis_client import CONNECTION_ERRORS
+from qcluster.broker.redis_client import CONNECTION_ERRORS, connection_backoff, retries_within
 from qcluster.broker.redis_client import client_options as _client_options
 from qcluster.broker.redis_jobs import decoded
 from qcluster.broker.redis_scripts import (
@@ -122,8 +123,10 @@ class RedisBroker(Broker):
         presents it again (see take)."""
 
     @classmethod
-    def from_url(cls, url: str | BrokerUrl, *, retries: int = 5) -> RedisBroker:
-        """Connect lazily; failed connections are retried with backoff.
+    def from_url(cls, url: str | BrokerUrl, *, retries: int = 5,
+                 give_up_s: float | None = None) -> RedisBroker:
+        """Connect lazily; failed connections are retried with backoff, ``retries`` times
+        or, with ``give_up_s`` (a short-lived caller), as many as fit in that time.
 
         A server that stops answering is not retried: after SOCKET_TIMEOUT_S the call
         raises BrokerUnavailable (the slot loop pauses and tries again, reconnecting),
@@ -131,6 +134,12 @@ class RedisBroker(Broker):
         idle connections.
         """
         parsed = url if isinstance(url, BrokerUrl) else parse_broker_url(url)
+        if give_up_s is not None:
+            retries = retries_within(give_up_s, connection_backoff())
+            if parsed.kind == "redis-cluster":  # its retries wait longer (redis_ha)
+                from qcluster.broker.redis_ha import cluster_backoff
+
+                retries = retries_within(give_up_s, cluster_backoff())
         if parsed.is_redis_ha:
             return cls._from_ha_url(parsed, retries=retries)
         text = parsed.text
@@ -182,12 +191,21 @@ class RedisBroker(Broker):
         self._durability_pending = False
         redis_durability.warn_once(notes)
 
+    def check_durability_at_first_call(self) -> None:
+        """:meth:`check_durability`, left to the first call that reaches the server (a
+        short-lived caller: a server that does not answer is then waited for once, by
+        that call, not at connect and again by that call). An evicting server is still
+        refused before anything is taken or stored."""
+        self._durability_pending = True
+
     @contextmanager
     def _errors(self) -> Iterator[None]:
         try:
             yield
         except CONNECTION_ERRORS as exc:
-            raise BrokerUnavailable(f"Redis at {self.safe_url} unreachable: {exc}") from exc
+            raise BrokerUnavailable(
+                f"Redis at {self.safe_url} unreachable: {str(exc).rstrip('.')} "
+                f"({UNREACHABLE_HINT})") from exc
         except redis.exceptions.InvalidResponse as exc:
             # Not a Redis reply at all: the URL names another service (the manager's port,
             # an HTTP server), or the link garbled it. Nothing was stored; the next call

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import AbstractBackoff, ExponentialBackoff
 from redis.retry import Retry
 
 try:
@@ -36,6 +36,26 @@ SLOT_MAP_CHANGES = (
 )
 
 
+#: The most retries :func:`retries_within` gives (a backoff that does not wait would fit any
+#: number).
+MAX_RETRIES = 100
+
+
+def connection_backoff() -> ExponentialBackoff:
+    """The wait before each retry of a failed connection: 0.1 s, doubling, at most 2 s."""
+    return ExponentialBackoff(cap=2.0, base=0.05)
+
+
+def retries_within(give_up_s: float, backoff: AbstractBackoff) -> int:
+    """How many retries of a failed connection fit in ``give_up_s`` of ``backoff``'s
+    waits (redis-py counts retries, not time): at least one, so that a pooled connection
+    the server closed (it restarted) is opened again rather than reported."""
+    retries, waited = 0, 0.0
+    while retries < MAX_RETRIES and waited + (wait := backoff.compute(retries + 1)) <= give_up_s:
+        retries, waited = retries + 1, waited + wait
+    return max(retries, 1)
+
+
 def client_options(retries: int) -> dict[str, Any]:
     """Timeouts, keepalive and retries of every Redis client (one server, Sentinel's
     master, a Cluster's nodes).
@@ -45,7 +65,7 @@ def client_options(retries: int) -> dict[str, Any]:
     options: dict[str, Any] = {
         # Only failed connections are retried: a timeout (the server or the link went
         # silent) retried 5 times, with nested retries while connecting, hung for minutes.
-        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries,
+        "retry": Retry(connection_backoff(), retries,
                        supported_errors=(redis.ConnectionError,)),
         "retry_on_error": [redis.ConnectionError],
         "socket_connect_timeout": CONNECT_TIMEOUT_S,

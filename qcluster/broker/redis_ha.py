@@ -119,14 +119,19 @@ class NodeScript:
             return target.eval(cast(str, self.script), len(keys), *keys, *args)
 
 
+def cluster_backoff() -> ExponentialBackoff:
+    """The wait before each of a Cluster command's retries: 0.2 s, doubling, at most 2 s."""
+    return ExponentialBackoff(cap=2.0, base=0.1)
+
+
 def cluster_retry(retries: int) -> Retry:
     """How RedisCluster retries a command that met a dead or moved master (it reads the
     slot map again between tries); after that BrokerUnavailable, and a slot pauses and
     tries again until the shard's replica is elected."""
-    return Retry(ExponentialBackoff(cap=2.0, base=0.1), retries,
+    return Retry(cluster_backoff(), retries,
                  supported_errors=(redis.ConnectionError, redis.TimeoutError))
 
 
 __all__ = [
-    "LazyCluster", "cluster_retry", "connect",
+    "LazyCluster", "cluster_backoff", "cluster_retry", "connect",
 ]
