@@ -11,6 +11,7 @@ naming what to install: nothing is skipped.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -97,6 +98,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The LONG_FIRST files first (in that order), the rest in their collection order."""
     rank = {path: index for index, path in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A test that leaves an event loop marked running in its thread (a loop interrupted in
+    ``run_until_complete``, a Playwright session left open) fails here, by name. Left
+    behind, it would fail an unrelated later test of the same worker, one that runs a loop
+    of its own (``asyncio.run``, a slot's ``asyncio.Runner``): "cannot be called from a
+    running event loop". Checked once the test's fixtures are torn down; the mark is then
+    cleared, so that the next tests run as if it had not leaked."""
+    try:
+        return (yield)
+    finally:
+        leaked = asyncio.events._get_running_loop()
+        if leaked is not None:
+            asyncio.events._set_running_loop(None)
+            pytest.fail(f"{item.nodeid} left an event loop marked running in its thread "
+                        f"({leaked!r}): a later test's asyncio.run would refuse to run",
+                        pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -201,6 +221,6 @@ def start_qcluster(*args: str, cwd: Path | None = None, **env: str) -> subproces
     )
 
 
-# The Chromium fixtures (``browser``, ``page``), registered here once for the browser tests
-# and the end-to-end tests that open a page: one Playwright session per test session.
-from tests.browser.chromium import browser, page  # noqa: E402, F401
+# The Chromium fixtures (``chromium``, ``browser``, ``page``), registered here once for the
+# browser tests and the end-to-end tests that open a page: one Playwright session per session.
+from tests.browser.chromium import browser, chromium, page  # noqa: E402, F401

@@ -3,24 +3,34 @@
 The fixtures are registered once, by the root conftest (tests/conftest.py), so the browser
 tests and the end-to-end tests that open a page share one session's Chromium: two
 Playwright sessions cannot run in one thread.
+
+Playwright's sync API runs its event loop in a greenlet of the calling thread, and marks
+that loop running in the thread for as long as the Playwright session lives. One session
+for the whole test session would leave it marked in the worker's main thread after the
+first test that opens a page, and every later test there that runs an event loop of its own
+(``asyncio.run``, a slot's ``asyncio.Runner``) would fail: "cannot be called from a running
+event loop". So the loop is marked running only during a test that asks for ``browser`` or
+``page`` (:meth:`Chromium.lent`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.conftest import ROOT
-
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
 ]
-ARTIFACTS = ROOT / "test-artifacts" / "browser"
+# The repository's root, not tests.conftest's ROOT: that conftest imports this module.
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 
 PAGE_WAIT_MS = 15_000
 """How long an ``expect()`` waits unless its test gives its own timeout:
@@ -28,8 +38,28 @@ a page that refreshes every 2 s, served by a manager on a loaded 2-core CI machi
 take a few refreshes to show a change (Playwright's own default is 5 s)."""
 
 
+@dataclass(frozen=True)
+class Chromium:
+    """The session's Chromium and the event loop of its Playwright session."""
+
+    browser: Browser
+    loop: asyncio.AbstractEventLoop
+
+    @contextmanager
+    def lent(self) -> Iterator[Browser]:
+        """The browser, for one test: Playwright's loop marked running in this thread while
+        the test may call Playwright (a call without the mark ends the Playwright session),
+        and not after it."""
+        asyncio.events._set_running_loop(self.loop)
+        try:
+            yield self.browser
+        finally:
+            asyncio.events._set_running_loop(None)
+
+
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
+def chromium() -> Iterator[Chromium]:
+    """One Playwright session and Chromium per test session: a launch takes seconds."""
     executable = shutil.which("chromium")
     if executable is None:
         # A failure, not a skip: make test installs it.
@@ -39,8 +69,18 @@ def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         expect.set_options(timeout=PAGE_WAIT_MS)
-        yield launched
+        session = Chromium(launched, asyncio.get_running_loop())
+        asyncio.events._set_running_loop(None)  # until a test asks for the browser
+        yield session
+        # Marked running again to close: leaving the with block unmarks it.
+        asyncio.events._set_running_loop(session.loop)
         launched.close()
+
+
+@pytest.fixture
+def browser(chromium: Chromium) -> Iterator[Browser]:
+    with chromium.lent() as lent:
+        yield lent
 
 
 @pytest.fixture
