@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,10 @@ class Client:
     rather wait through a broker's restart gives more. None: as slots do (5 retries with
     backoff, then BrokerUnavailable). docs/operations.md, "When the broker does not
     answer".
+
+    One Client may be shared by threads and by the processes forked after it was made:
+    a RabbitMQ connection serves one thread of one process, so each other thread or
+    process gets a connection of its own at its first call (Redis: one pool serves all).
     """
 
     def __init__(
@@ -59,8 +64,9 @@ class Client:
         from qcluster.config import load_settings
 
         settings = load_settings(None, broker_url=broker_url, state_dir=state_dir)
-        self.broker: Broker = open_broker(settings.broker_url, state_dir=settings.state_dir,
-                                          give_up_s=give_up_s)
+        self._brokers = _PerThread(open_broker(settings.broker_url,
+                                               state_dir=settings.state_dir,
+                                               give_up_s=give_up_s))
         self.max_message_bytes = max_message_bytes
         self.app = app
         self._settings_app = settings.app
@@ -71,13 +77,20 @@ class Client:
             for spec in app.queues.values():
                 self._declare_as_policy_says(spec)
 
+    @property
+    def broker(self) -> Broker:
+        """The broker this thread's calls use."""
+        return self._brokers.here()
+
     def _declare_as_policy_says(self, spec: QueueSpec) -> None:
         """On RabbitMQ a queue's type is fixed by whoever declares it first, which may be
         this producer: it declares the queue as its policy says (``queue_type``, a quorum
-        queue's delivery limit from ``max_attempts``). Other brokers have no such option."""
+        queue's delivery limit from ``max_attempts``), from whichever thread enqueues
+        first. Other brokers have no such option."""
         self._specs[spec.name] = spec
-        self.broker.set_queue_options(spec.name, queue_type=spec.policy.queue_type,
-                                      max_attempts=spec.policy.max_attempts)
+        self._brokers.tell(lambda broker: broker.set_queue_options(
+            spec.name, queue_type=spec.policy.queue_type,
+            max_attempts=spec.policy.max_attempts))
 
     def _spec(self, queue: str) -> QueueSpec | None:
         """The declaration of ``queue`` this producer follows, found once per queue: the
@@ -177,13 +190,83 @@ class Client:
         return self.broker.queues()
 
     def close(self) -> None:
-        self.broker.close()
+        self._brokers.close()
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _PerThread:
+    """A broker per thread and process, for a backend whose connection serves one thread
+    (RabbitMQ; :meth:`Broker.reader`); the one given for a backend that serves them all."""
+
+    def __init__(self, first: Broker) -> None:
+        self._first = first
+        self._owner = (os.getpid(), threading.get_ident())
+        self._others: dict[tuple[int, int], Broker] = {}
+        self._told: list[Callable[[Broker], None]] = []
+        """What every broker is told (the queues' options), replayed to each new one."""
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        self._shared: bool | None = None
+        """Whether ``first`` serves every thread (None: not asked yet)."""
+
+    def here(self) -> Broker:
+        """This thread's broker, opened at its first call."""
+        key = (os.getpid(), threading.get_ident())
+        if key == self._owner or self._shared:
+            return self._first
+        broker = self._others.get(key)
+        return broker if broker is not None else self._open(key)
+
+    def _locked(self) -> threading.Lock:
+        """The lock, new in a forked process (another thread may have held it at the
+        fork, and nobody would release it there)."""
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        return self._lock
+
+    def _open(self, key: tuple[int, int]) -> Broker:
+        with self._locked():
+            broker = self._first.reader()
+            self._shared = broker is self._first
+            if self._shared:
+                return broker
+            self._close_finished_threads(key[0])
+            for tell in self._told:
+                tell(broker)
+            self._others[key] = broker
+            return broker
+
+    def _close_finished_threads(self, pid: int) -> None:
+        """Close the brokers of threads that ended (a pool replaces its threads), and
+        forget those of other processes (their connections belong to them)."""
+        alive = {thread.ident for thread in threading.enumerate()}
+        for key in list(self._others):
+            if key[0] != pid:
+                del self._others[key]
+            elif key[1] not in alive:
+                self._others.pop(key).close()
+
+    def tell(self, what: Callable[[Broker], None]) -> None:
+        """Tell every broker, and each one opened later, ``what``."""
+        with self._locked():
+            self._told.append(what)
+            for broker in (self._first, *self._others.values()):
+                what(broker)
+
+    def close(self) -> None:
+        """Close this process's brokers (a forked process leaves its parent's open)."""
+        with self._locked():
+            mine = os.getpid()
+            for (pid, _), broker in self._others.items():
+                if pid == mine:
+                    broker.close()
+            self._others.clear()
+        if self._owner[0] == os.getpid():
+            self._first.close()
 
 
 #: Queue names a warning lists at most.
