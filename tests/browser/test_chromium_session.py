@@ -37,11 +37,19 @@ def test_then_the_page_again(page: Page) -> None:
 '''
 
 
+def inner_environment() -> dict[str, str]:
+    """This environment for the inner session, without the outer session's PYTEST_ADDOPTS:
+    a --basetemp there (.ci/fresh-check sets one) holds this test's folder, which pytest
+    refuses as the inner session's working directory."""
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    return {**inherited, "PYTHONPATH": str(ROOT)}
+
+
 def test_a_test_after_a_page_test_can_run_its_own_event_loop(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.browser.chromium"]\n')
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_inner.py"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path, env=inner_environment(),
         capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout + done.stderr
