@@ -11,6 +11,7 @@ import uuid
 from kombu import Connection
 
 from qcluster.broker.amqp_single import SingleDocumentQueue
+from tests.threads import run_in_threads
 
 OPENERS = 4
 
@@ -19,23 +20,15 @@ def test_of_openers_that_find_no_queue_exactly_one_creates_it(rabbitmq_url: str)
     queue = f"qc~test-document-{uuid.uuid4().hex[:8]}"
     all_looked = threading.Barrier(OPENERS)
     created: list[bool] = []
-    errors: list[BaseException] = []
 
     def open_it() -> None:
         with Connection(rabbitmq_url) as conn:
-            try:
-                all_looked.wait(30)
-                channel, was_created = SingleDocumentQueue(conn, queue, 5).open()
-                created.append(was_created)
-                channel.close()
-            except BaseException as exc:  # reported below, in the test's thread
-                errors.append(exc)
+            all_looked.wait(30)
+            channel, was_created = SingleDocumentQueue(conn, queue, 5).open()
+            created.append(was_created)
+            channel.close()
 
-    threads = [threading.Thread(target=open_it) for _ in range(OPENERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    errors = run_in_threads(open_it, OPENERS, timeout_s=60)
     with Connection(rabbitmq_url) as conn:
         conn.default_channel.queue_delete(queue)
     assert not errors

@@ -6,7 +6,6 @@ threads' frames interleaved and every one of them failed with the broker 'unreac
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from qcluster import Client
 from qcluster.app import App
 from tests.contract.test_rabbitmq_quorum import queue_types
+from tests.threads import run_in_threads
 
 THREADS = 8
 PER_THREAD = 150
@@ -26,23 +26,15 @@ def url(request: pytest.FixtureRequest) -> str:
 
 def test_threads_sharing_one_client_enqueue_every_job(url: str) -> None:
     queue = f"threads-{uuid.uuid4().hex[:8]}"
-    errors: list[BaseException] = []
     with Client(url) as client:
 
         def produce() -> None:
-            try:
-                for n in range(PER_THREAD):
-                    client.enqueue(queue, {"n": n})
-                    if n % 50 == 0:
-                        client.stats(queue)
-            except BaseException as exc:  # reported below, in the test's thread
-                errors.append(exc)
+            for n in range(PER_THREAD):
+                client.enqueue(queue, {"n": n})
+                if n % 50 == 0:
+                    client.stats(queue)
 
-        threads = [threading.Thread(target=produce) for _ in range(THREADS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        errors = run_in_threads(produce, THREADS, timeout_s=120)
         try:
             assert not errors
             assert client.stats(queue)["ready"] == THREADS * PER_THREAD
@@ -75,18 +67,8 @@ def test_another_thread_declares_the_queue_as_the_app_says(rabbitmq_url: str) ->
     queue = f"thread-quorum-{uuid.uuid4().hex[:8]}"
     app = App()
     app.queue(queue, queue_type="quorum", max_attempts=4)(lambda jobs: None)
-    errors: list[BaseException] = []
     with Client(rabbitmq_url, app=app) as client:
-
-        def produce() -> None:
-            try:
-                client.enqueue(queue, {"n": 1})
-            except BaseException as exc:  # reported below, in the test's thread
-                errors.append(exc)
-
-        thread = threading.Thread(target=produce)
-        thread.start()
-        thread.join(60)
+        errors = run_in_threads(lambda: client.enqueue(queue, {"n": 1}), 1, timeout_s=60)
         try:
             assert not errors
             assert queue_types(queue).get(queue) == "quorum"
