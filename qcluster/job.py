@@ -85,7 +85,9 @@ def encode_new_jobs(
     try:
         shared = Envelope(id="-", queue=queue, enqueued_at=enqueued_at, headers=headers or {})
     except ValidationError as exc:
-        raise EnvelopeError(f"job for queue {queue!r}: {exc.errors()[0].get('msg')}") from exc
+        raise EnvelopeError(f"job for queue {queue!r}: {_problem(exc)}") from exc
+    if not_text := _not_utf8(shared.headers):  # a lone surrogate, refused as in a payload
+        raise EnvelopeError(f"job for queue {queue!r}: headers must be UTF-8 text: {not_text}")
     head = shared.model_dump_json(exclude={"id", "payload"})[:-1].encode() + b',"id":"'
     ids = random_bytes(16 * len(items)).hex()
     out = []
@@ -100,6 +102,29 @@ def encode_new_jobs(
             )
         out.append((job_id, body))
     return out
+
+
+def _problem(exc: ValidationError) -> str:
+    """The first problem, naming the header it is in (``header 'a': Input should be a
+    valid string``): a producer's headers come from many places."""
+    error = exc.errors()[0]
+    loc, msg = error.get("loc", ()), error.get("msg", "")
+    if len(loc) > 1 and loc[0] == "headers":
+        return f"header {'name ' if loc[-1] == '[key]' else ''}{loc[1]!r}: {msg}"
+    return f"{loc[0]}: {msg}" if loc else str(msg)
+
+
+def _not_utf8(headers: dict[str, str]) -> str:
+    """The first header whose name or value UTF-8 cannot encode ('': none). Checked here:
+    the JSON dump fails with a traceback on such a value and, for a name, writes U+FFFD
+    in its place (another header name, silently)."""
+    for name, value in headers.items():
+        for text in (name, value):
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                return f"header {name!r} holds {text!r}"
+    return ""
 
 
 def _payload_json(queue: str, payload: Any, index: int | None) -> bytes:

@@ -54,6 +54,12 @@ def check_job_id(job_id: str) -> str:
 
 def closest(name: str, known: Iterable[str], *, cutoff: float = 0.6) -> str | None:
     """The known name ``name`` most likely misspells (for a "did you mean"), or None. A
-    higher ``cutoff`` for a warning nobody asked for: a near miss only, not a neighbour."""
-    found = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
+    higher ``cutoff`` for a warning nobody asked for: a near miss only, not a neighbour.
+    A name that differs only by case is always one (``EMAILS`` for ``emails``, whose
+    letters all differ to difflib): queue names are case-sensitive on every broker."""
+    names = sorted(known)
+    same = [one for one in names if one != name and one.casefold() == name.casefold()]
+    if same:
+        return same[0]
+    found = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
     return found[0] if found else None

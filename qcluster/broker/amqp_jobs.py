@@ -93,9 +93,14 @@ class JobReads:
         self.publisher = publisher
 
     def _store_exists(self, queue: str) -> bool:
-        """Declares ``queue``; its store is declared at its first dead letter."""
+        """Whether ``queue`` has a store (declared at its first dead letter); if so the
+        queue is declared too (its type decides how letters are given back). A read
+        never creates a queue: a misspelt name would be left in RabbitMQ, of the URL's
+        type, and a slot declaring it as a quorum queue later would be refused."""
+        if not self.topology.dead_store_exists(queue):
+            return False
         self.topology.declare(queue)
-        return self.topology.dead_store_exists(queue)
+        return True
 
     def dead_jobs(self, queue: str, limit: int) -> list[DeadJob]:
         """``Broker.dead_jobs``: the newest ``limit`` letters, newest first; reads the

@@ -315,6 +315,8 @@ class KombuBroker(Broker):
         check_queue_name(queue)
 
         def purge() -> int:
+            if not self.link.exists(queue):
+                return 0  # nothing to delete; not created (amqp_jobs.JobReads._store_exists)
             self.topology.declare(queue)
             count = int(self.link.inspector().queue_purge(queue) or 0)
             prefix = ladder_prefix(queue)

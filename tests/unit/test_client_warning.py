@@ -28,3 +28,11 @@ def test_without_its_app_only_a_near_miss_is_said() -> None:
     assert _undeclared("reports", [shop], feeds_only=False) == ""
     assert _undeclared("emials", [shop], feeds_only=False).endswith("(did you mean emails?)")
     assert _undeclared("emials", [], feeds_only=False) == ""
+
+
+def test_a_name_differing_only_by_case_is_a_near_miss() -> None:
+    """Another queue on every broker, so its jobs would wait forever; before, only a
+    name whose letters difflib matched (``Emails``) was said, ``EMAILS`` was not."""
+    shop = app_of("shop", ["emails", "abc"])
+    assert _undeclared("EMAILS", [shop], feeds_only=False).endswith("(did you mean emails?)")
+    assert _undeclared("ABC", [shop], feeds_only=False).endswith("(did you mean abc?)")
