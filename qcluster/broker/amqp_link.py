@@ -157,15 +157,24 @@ class AmqpLink:
 
     def _blocked(self, reason: str) -> None:
         self.blocked_at = time.monotonic()
+        # A short-lived caller gives up give_up_s after the block (amqp_publish.Publisher).
+        wait_s = self.confirm_timeout_s if self.give_up_s is None else self.give_up_s
         logger.warning("RabbitMQ at %s blocks publishing (a resource alarm, memory or disk: "
                        "see its log): jobs wait to be stored until it unblocks, at most %g s "
-                       "each", self.safe_url, self.confirm_timeout_s)
+                       "each", self.safe_url, wait_s)
 
     def _unblocked(self) -> None:
         if self.blocked_at is not None:
             logger.warning("RabbitMQ at %s unblocked publishing after %.1f s", self.safe_url,
                            time.monotonic() - self.blocked_at)
         self.blocked_at = None
+
+    def read_received(self, most: int = 100) -> None:
+        """Handle the frames already received, without waiting for more (at most ``most``
+        methods): a connection.blocked or unblocked the broker sent while we were idle."""
+        for _ in range(most):
+            if not self.drain(0.0):
+                return
 
     def lost(self) -> None:
         """Forget every channel: the broker returns their unacked jobs by itself. The
