@@ -176,6 +176,19 @@ class AmqpLink:
             if not self.drain(0.0):
                 return
 
+    def _not_blocked(self) -> None:
+        """A short-lived caller's request (a count, a declare) does not go out on a
+        connection the broker blocks: the broker reads nothing from it until the alarm
+        clears, so the request would wait that long. Raising a connection error here makes
+        :meth:`retrying` drop it and run the request again on a new connection, which the
+        broker reads until it publishes. (A publish is refused before: amqp_publish.)"""
+        if self.give_up_s is None or self.blocked_at is None:
+            return
+        self.read_received()  # it may have unblocked meanwhile
+        if self.blocked_at is not None:
+            raise ConnectionAbortedError("it blocks this connection (its memory or disk "
+                                         "alarm) and reads nothing from it: opening another")
+
     def lost(self) -> None:
         """Forget every channel: the broker returns their unacked jobs by itself. The
         parts built on the link forget theirs first (``on_lost``), then the epoch grows."""
@@ -249,6 +262,7 @@ class AmqpLink:
 
     def inspector(self) -> Any:
         """The channel that declares and counts queues (opened when first needed)."""
+        self._not_blocked()
         if self._inspect is None:
             self._inspect = self.conn.channel()
         return self._inspect

@@ -250,12 +250,14 @@ def test_a_short_lived_publisher_gives_up_on_a_blocked_broker(
     whole 30 s publisher-confirm timeout. Now it gives up SHORT_LIVED_GIVE_UP_S after the
     broker said it blocks, in one line naming the alarm. The job was already written to the
     socket, so it may or may not be stored: the line says so. The same connection's next
-    enqueue, already known blocked, writes nothing and says that nothing was enqueued; once
-    the alarm clears, that connection publishes again. No timing is asserted: the bound is
-    how long the test waits for the two calls to end."""
+    enqueue, already known blocked, writes nothing and says that nothing was enqueued. A
+    count (stats), which waited on that connection until the alarm cleared, is answered on
+    a new one. Once the alarm clears, the Client publishes again. No timing is asserted:
+    the bound is how long the test waits for the three calls to end."""
     client = Client(rabbitmq_url)
     outcomes: list[BaseException | None] = []
-    two_ended, cleared = threading.Event(), threading.Event()
+    counted: list[int] = []
+    three_ended, cleared = threading.Event(), threading.Event()
 
     def enqueue(n: int) -> BaseException | None:
         try:
@@ -266,7 +268,8 @@ def test_a_short_lived_publisher_gives_up_on_a_blocked_broker(
 
     def one_connection() -> None:  # one thread: one connection (a Client's per thread)
         outcomes.extend([enqueue(1), enqueue(2)])
-        two_ended.set()
+        counted.append(client.stats(queue_name)["ready"])
+        three_ended.set()
         cleared.wait()
         wait_until(lambda: enqueue(3) is None, timeout_s=60,
                    message="publishing again once the alarm cleared")
@@ -276,8 +279,8 @@ def test_a_short_lived_publisher_gives_up_on_a_blocked_broker(
     thread = threading.Thread(target=one_connection, daemon=True)
     try:
         thread.start()
-        assert two_ended.wait(timeout=SHORT_LIVED_GIVE_UP_S + BLOCKED_MARGIN_S), \
-            "a short-lived enqueue waited out the confirm timeout"
+        assert three_ended.wait(timeout=SHORT_LIVED_GIVE_UP_S + BLOCKED_MARGIN_S), \
+            f"a short-lived call waited for the blocked broker (ended: {outcomes}, {counted})"
         sent, refused = outcomes
         safe_url = mask_url(rabbitmq_url)
         assert isinstance(sent, BrokerUnavailable), sent
@@ -289,6 +292,7 @@ def test_a_short_lived_publisher_gives_up_on_a_blocked_broker(
         assert str(refused).startswith(
             f"RabbitMQ at {safe_url} blocks publishers (its memory or disk alarm): nothing "
             "was enqueued; "), refused
+        assert counted and counted[0] >= 1, counted  # the job enqueued before the alarm
     finally:
         rabbitmqctl("set_vm_memory_high_watermark", "0.4")
         cleared.set()
