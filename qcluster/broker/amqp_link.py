@@ -288,8 +288,14 @@ class AmqpLink:
             return False
 
     def close(self) -> None:
+        """Close the connection; a short-lived caller's that the broker blocks is dropped
+        (:meth:`lost` closes its socket) without the close handshake, whose reply would
+        only come once the alarm clears: the broker reads nothing from it before."""
         self._closed.set()  # stops the heartbeat thread
         self._closed, self._beats = threading.Event(), None
+        if self.give_up_s is not None and self.blocked_at is not None:
+            self.lost()
+            return
         try:
             self.conn.release()
         except Exception:  # closing a broken connection: nothing left to release

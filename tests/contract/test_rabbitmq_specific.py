@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -10,13 +11,13 @@ from pathlib import Path
 import pytest
 from kombu import Connection, Producer
 
-from qcluster import App, Client, Job
+from qcluster import App, Client, Job, exitcodes
 from qcluster.broker import SHORT_LIVED_GIVE_UP_S, Settlement, open_broker
 from qcluster.broker.base import mask_url
 from qcluster.broker.kombu_broker import KombuBroker, queue_exchange
 from qcluster.errors import BrokerUnavailable
 from qcluster.slot.runtime import SlotRunner
-from tests.conftest import free_port, rabbitmqctl, wait_until
+from tests.conftest import QCLUSTER, free_port, qcluster_env, rabbitmqctl, wait_until
 
 #: What a blocked short-lived enqueue may take beyond SHORT_LIVED_GIVE_UP_S (a read under
 #: way, a busy machine): far below the 30 s confirm timeout it waited before.
@@ -299,3 +300,24 @@ def test_a_short_lived_publisher_gives_up_on_a_blocked_broker(
     thread.join(timeout=90)
     assert not thread.is_alive(), "the blocked connection never published again"
     client.close()
+
+
+def test_qcluster_enqueue_on_a_blocked_broker_exits_5(
+    rabbitmq_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """``qcluster enqueue`` during a memory alarm waited the 30 s confirm timeout, and
+    then its close handshake, which the blocked broker does not read, until the alarm
+    cleared. Now it gives up SHORT_LIVED_GIVE_UP_S after the block, drops the
+    connection, and exits 5 naming the alarm. The bound is the subprocess's timeout."""
+    Client(rabbitmq_url).enqueue(queue_name, {"n": 0})  # the queue exists before
+    _memory_alarm()
+    try:
+        result = subprocess.run(
+            [*QCLUSTER, "enqueue", "--broker", rabbitmq_url, queue_name, '{"n": 1}'],
+            env=qcluster_env(COLUMNS="300"), capture_output=True, text=True, cwd=tmp_path,
+            timeout=SHORT_LIVED_GIVE_UP_S + BLOCKED_MARGIN_S + 2.0)  # 2 s: Python starts
+    finally:
+        rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+    assert result.returncode == exitcodes.BROKER_CONNECT, result
+    assert f"RabbitMQ at {mask_url(rabbitmq_url)} blocks publishers (its memory or disk " \
+           "alarm): what was sent may or may not be stored" in result.stderr, result.stderr
