@@ -157,15 +157,37 @@ class AmqpLink:
 
     def _blocked(self, reason: str) -> None:
         self.blocked_at = time.monotonic()
+        # A short-lived caller gives up give_up_s after the block (amqp_publish.Publisher).
+        wait_s = self.confirm_timeout_s if self.give_up_s is None else self.give_up_s
         logger.warning("RabbitMQ at %s blocks publishing (a resource alarm, memory or disk: "
                        "see its log): jobs wait to be stored until it unblocks, at most %g s "
-                       "each", self.safe_url, self.confirm_timeout_s)
+                       "each", self.safe_url, wait_s)
 
     def _unblocked(self) -> None:
         if self.blocked_at is not None:
             logger.warning("RabbitMQ at %s unblocked publishing after %.1f s", self.safe_url,
                            time.monotonic() - self.blocked_at)
         self.blocked_at = None
+
+    def read_received(self, most: int = 100) -> None:
+        """Handle the frames already received, without waiting for more (at most ``most``
+        methods): a connection.blocked or unblocked the broker sent while we were idle."""
+        for _ in range(most):
+            if not self.drain(0.0):
+                return
+
+    def _not_blocked(self) -> None:
+        """A short-lived caller's request (a count, a declare) does not go out on a
+        connection the broker blocks: the broker reads nothing from it until the alarm
+        clears, so the request would wait that long. Raising a connection error here makes
+        :meth:`retrying` drop it and run the request again on a new connection, which the
+        broker reads until it publishes. (A publish is refused before: amqp_publish.)"""
+        if self.give_up_s is None or self.blocked_at is None:
+            return
+        self.read_received()  # it may have unblocked meanwhile
+        if self.blocked_at is not None:
+            raise ConnectionAbortedError("it blocks this connection (its memory or disk "
+                                         "alarm) and reads nothing from it: opening another")
 
     def lost(self) -> None:
         """Forget every channel: the broker returns their unacked jobs by itself. The
@@ -240,6 +262,7 @@ class AmqpLink:
 
     def inspector(self) -> Any:
         """The channel that declares and counts queues (opened when first needed)."""
+        self._not_blocked()
         if self._inspect is None:
             self._inspect = self.conn.channel()
         return self._inspect
@@ -265,8 +288,14 @@ class AmqpLink:
             return False
 
     def close(self) -> None:
+        """Close the connection; a short-lived caller's that the broker blocks is dropped
+        (:meth:`lost` closes its socket) without the close handshake, whose reply would
+        only come once the alarm clears: the broker reads nothing from it before."""
         self._closed.set()  # stops the heartbeat thread
         self._closed, self._beats = threading.Event(), None
+        if self.give_up_s is not None and self.blocked_at is not None:
+            self.lost()
+            return
         try:
             self.conn.release()
         except Exception:  # closing a broken connection: nothing left to release

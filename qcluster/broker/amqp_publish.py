@@ -27,6 +27,10 @@ from qcluster.job import JSON_CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
 
+#: What a short-lived caller that gave up on a blocked broker is told to do.
+BLOCKED_HINT = ("free memory or disk on it (its log names the alarm), then publish again; "
+                "'rabbitmq-diagnostics alarms' lists them")
+
 
 class Confirms:
     """Publisher confirms and returns (mandatory) for many messages on one channel."""
@@ -112,6 +116,7 @@ class Publisher:
         """Publish ``messages`` (mandatory, confirmed). One more round after the broker
         returned some (no queue took them) or did not know the exchange: the queue was
         deleted behind our back, so it is declared again. Raises if that fails too."""
+        self.refuse_when_blocked()
         try:
             returned = self._publish_once(queue, messages, countdown, dead)
         except amqp.exceptions.NotFound as exc:
@@ -129,6 +134,33 @@ class Publisher:
                 raise BrokerError(
                     f"RabbitMQ at {self.link.safe_url}: no queue took messages for {queue!r}"
                 )
+
+    def _blocks_publishers(self, *, sent: bool) -> str:
+        """Why a short-lived caller gave up on a broker that blocks publishing, in one
+        line. Nothing was enqueued only when nothing was written since it blocked
+        (``sent`` False); a message written before may still be stored once it unblocks."""
+        said = f"RabbitMQ at {self.link.safe_url} blocks publishers (its memory or disk alarm)"
+        if not sent:
+            return f"{said}: nothing was enqueued; {BLOCKED_HINT}"
+        return (f"{said}: what was sent may or may not be stored once it unblocks (no "
+                f"publisher confirm came); {BLOCKED_HINT}")
+
+    def refuse_when_blocked(self) -> None:
+        """A short-lived caller (``give_up_s``) writes nothing on a connection the broker
+        is known to block: it would wait for a confirm that cannot come (and any request,
+        a queue's declare too, hangs while the broker reads nothing from the connection).
+        Frames already received are read first: an unblock may be among them."""
+        if self.link.give_up_s is None or self.link.blocked_at is None:
+            return
+        self.link.read_received()
+        if self.link.blocked_at is not None:
+            raise BrokerUnavailable(self._blocks_publishers(sent=False))
+
+    def _gave_up_blocked(self) -> bool:
+        """A short-lived caller has waited ``give_up_s`` since the broker blocked it."""
+        give_up_s, blocked_at = self.link.give_up_s, self.link.blocked_at
+        return (give_up_s is not None and blocked_at is not None
+                and time.monotonic() >= blocked_at + give_up_s)
 
     def _no_confirm(self) -> str:
         """Why a publish was not confirmed in time, in one line."""
@@ -155,13 +187,18 @@ class Publisher:
             exchange, routing_key = queue_exchange(queue).name, queue
         channel, confirms = self.confirmed_channel()
         confirms.returned = []
+        self.refuse_when_blocked()  # a declare's reply may have come after a block
         for message in messages:
             channel.basic_publish(message, exchange=exchange, routing_key=routing_key,
                                   mandatory=True)
             confirms.published += 1
         deadline = time.monotonic() + self.link.confirm_timeout_s
         while not confirms.all_confirmed():
+            if self._gave_up_blocked():
+                raise BrokerUnavailable(self._blocks_publishers(sent=True))
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(self._no_confirm())
-            self.link.drain(MAX_BLOCK_S)
+            # A short-lived caller reads in smaller steps, to give up on time once blocked.
+            self.link.drain(MAX_BLOCK_S if self.link.give_up_s is None else
+                            min(MAX_BLOCK_S, self.link.give_up_s / 4))
         return confirms.returned

@@ -102,11 +102,16 @@ class RedisBroker(Broker):
         a RedisCluster (queue registries per queue, see _registry_key)."""
         self.client = client
         self.safe_url = safe_url
+        self.short_lived = False
+        """Set by from_url for a short-lived caller (give_up_s): a command that timed out
+        is not tried again (on a Cluster, whose client retries those)."""
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
         self.cluster = cluster
         self._unanswered: list[str] = []
         """Cluster masters that did not answer the last durability check."""
+        self._silent: list[str] = []
+        """Those of them whose PING timed out (redis_durability.refuse_silent_master)."""
         self._stale_slot_map = False
         """A Cluster master did not answer or moved: refresh the slot map before the next
         replicated publish (that path talks to the master directly: see
@@ -141,7 +146,7 @@ class RedisBroker(Broker):
 
                 retries = retries_within(give_up_s, cluster_backoff())
         if parsed.is_redis_ha:
-            return cls._from_ha_url(parsed, retries=retries)
+            return cls._from_ha_url(parsed, retries=retries, short_lived=give_up_s is not None)
         text = parsed.text
         options = _client_options(retries)
         if parsed.socket_path is not None:  # redis-py reads redis+socket:// as unix://
@@ -151,19 +156,23 @@ class RedisBroker(Broker):
         return cls(client, safe_url=mask_url(text))
 
     @classmethod
-    def _from_ha_url(cls, parsed: BrokerUrl, *, retries: int) -> RedisBroker:
+    def _from_ha_url(cls, parsed: BrokerUrl, *, retries: int,
+                     short_lived: bool = False) -> RedisBroker:
         """A master through Sentinel or a Redis Cluster (see redis_ha), with the same
-        timeouts and keepalive as one Redis."""
+        timeouts and keepalive as one Redis. ``short_lived``: a Cluster command that timed
+        out is not retried (one Redis never retries one)."""
         from qcluster.broker import redis_ha
 
         options = _client_options(retries)
         if parsed.kind == "redis-cluster":
-            options["retry"] = redis_ha.cluster_retry(retries)
-        client = redis_ha.connect(parsed, options)
+            options["retry"] = redis_ha.cluster_retry(retries, timeouts=not short_lived)
+        client = redis_ha.connect(parsed, options, short_lived=short_lived)
         # RedisCluster offers the commands used here under the same names (routed by key).
-        return cls(cast(redis.Redis, client), safe_url=parsed.safe(),
-                   replicas=parsed.replicas, replica_timeout_ms=parsed.replica_timeout_ms,
-                   cluster=parsed.kind == "redis-cluster")
+        broker = cls(cast(redis.Redis, client), safe_url=parsed.safe(),
+                     replicas=parsed.replicas, replica_timeout_ms=parsed.replica_timeout_ms,
+                     cluster=parsed.kind == "redis-cluster")
+        broker.short_lived = short_lived
+        return broker
 
     def redis_client(self) -> Any:
         return self.client
@@ -266,6 +275,8 @@ class RedisBroker(Broker):
             return self._run(script, keys, args)
         if self._durability_pending:
             self._check_durability_late()
+            if self.short_lived:
+                redis_durability.refuse_silent_master(self, keys[0])
         return redis_durability.publish_replicated(self, script, keys, args)
 
     # --- consuming ------------------------------------------------------------

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from qcluster.broker.redis_client import CONNECTION_ERRORS, SLOT_MAP_CHANGES
+from qcluster.broker.base import UNREACHABLE_HINT
+from qcluster.broker.redis_client import CONNECTION_ERRORS, SLOT_MAP_CHANGES, SOCKET_TIMEOUT_S
 from qcluster.broker.redis_jobs import decoded
 from qcluster.broker.urls import REDIS_HA_SCHEMES
 from qcluster.errors import BrokerError, BrokerUnavailable, ConfigError, ReplicationUnconfirmed
@@ -36,6 +37,7 @@ _warned_durability: set[str] = set()
 
 def durability(broker: RedisBroker) -> list[str]:
     """See RedisBroker.durability."""
+    broker._unanswered, broker._silent = [], []
     try:
         with broker._errors():
             config = _weakest(server_configs(broker, ("appendonly", "save", "maxmemory-policy")))
@@ -82,20 +84,27 @@ def _persistence_notes(safe_url: str, config: dict[str, str]) -> list[str]:
 def masters(broker: RedisBroker) -> list[redis.Redis]:
     """Our server, or every master of a Cluster that answers (each its own client).
 
-    A Cluster master that does not answer is left out (named in ``_unanswered``): its
-    shard's queues fail on their own until its replica is elected, while the other
-    shards serve theirs. Requiring every master made one dead node stop every queue of
-    a process started while it was down (the check runs before its first call)."""
+    A Cluster master that does not answer is left out (named in ``_unanswered``, and in
+    ``_silent`` when it timed out): its shard's queues fail on their own until its replica
+    is elected, while the other shards serve theirs. Requiring every master made one dead
+    node stop every queue of a process started while it was down (the check runs before
+    its first call). One named there is not asked again within the same check (a frozen
+    master cost one socket timeout per question)."""
     if not broker.cluster:
         return [broker.client]
-    answering, broker._unanswered = [], []
+    answering = []
     cluster = cast(Any, broker.client)
     for node in cluster.get_primaries():
+        where = f"{node.host}:{node.port}"
+        if where in broker._unanswered:
+            continue
         server = cluster.get_redis_connection(node)
         try:
             server.ping()
-        except CONNECTION_ERRORS:
-            broker._unanswered.append(f"{node.host}:{node.port}")
+        except CONNECTION_ERRORS as exc:
+            broker._unanswered.append(where)
+            if isinstance(exc, redis.TimeoutError):
+                broker._silent.append(where)
             continue
         answering.append(server)
     if not answering:
@@ -165,11 +174,12 @@ def publish_replicated(broker: RedisBroker, name: str, keys: list[str], args: li
                 break
             except redis.exceptions.NoScriptError:  # a new master: load it there
                 script.sha = server.script_load(script.script)
-            except SLOT_MAP_CHANGES:
+            except SLOT_MAP_CHANGES as exc:
                 if not broker.cluster:
                     raise
                 broker._stale_slot_map = True  # a master died or moved: look it up again
-                if attempt == 2:
+                # A short-lived caller hears of a silent master after one timeout, not three.
+                if attempt == 2 or (broker.short_lived and isinstance(exc, redis.TimeoutError)):
                     raise
                 time.sleep(0.5 * (attempt + 1))
         else:
@@ -181,6 +191,20 @@ def publish_replicated(broker: RedisBroker, name: str, keys: list[str], args: li
             "failover could lose them; publish them again (an id the queue still holds "
             "is kept as it is, never stored twice)")
     return reply
+
+
+def refuse_silent_master(broker: RedisBroker, key: str) -> None:
+    """A short-lived caller's call right after the durability check: when the master
+    holding ``key`` just let the check's PING time out (frozen, or its link went silent),
+    it is not waited for a second socket timeout."""
+    if not broker.cluster or not broker._silent:
+        return
+    node = cast(Any, broker.client).get_node_from_key(key)
+    where = f"{node.host}:{node.port}"
+    if where in broker._silent:
+        raise BrokerUnavailable(
+            f"Redis at {broker.safe_url} unreachable: master {where}, which holds the queue, "
+            f"did not answer in {SOCKET_TIMEOUT_S:g} s ({UNREACHABLE_HINT})")
 
 
 def server_for(broker: RedisBroker, key: str) -> redis.Redis:

@@ -25,9 +25,11 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 from qcluster.broker.urls import BrokerUrl, host_text
 
 
-def connect(parsed: BrokerUrl, client_options: dict[str, Any]) -> redis.Redis | LazyCluster:
+def connect(parsed: BrokerUrl, client_options: dict[str, Any], *,
+            short_lived: bool = False) -> redis.Redis | LazyCluster:
     """The redis-py client for ``parsed``; ``client_options`` are the timeouts, keepalive
-    and retry a single Redis gets too (see RedisBroker.from_url)."""
+    and retry a single Redis gets too (see RedisBroker.from_url). ``short_lived``: a
+    Cluster command that timed out is not retried (:class:`ShortLivedCluster`)."""
     credentials: dict[str, Any] = {"username": parsed.username, "password": parsed.password}
     if parsed.kind == "redis-sentinel":
         sentinel_options = {key: value for key, value in client_options.items()
@@ -44,7 +46,8 @@ def connect(parsed: BrokerUrl, client_options: dict[str, Any]) -> redis.Redis | 
                                    **client_options)
     options = dict(client_options)
     options.pop("retry_on_error", None)  # RedisCluster retries by its own rules
-    return LazyCluster(lambda: RedisCluster(
+    cluster = ShortLivedCluster if short_lived else RedisCluster
+    return LazyCluster(lambda: cluster(
         startup_nodes=[ClusterNode(host, port) for host, port in parsed.hosts],
         require_full_coverage=True, **credentials, **options,
     ))
@@ -65,6 +68,20 @@ class _Sentinels(Sentinel):
                 f"no Sentinel of {asked} named a master for {service_name!r} (each was "
                 "down, did not answer, or does not monitor it)") from exc
         return address
+
+
+class ShortLivedCluster(RedisCluster):
+    """RedisCluster for a short-lived caller (give_up_s): a command that timed out (a
+    frozen master, a link that went silent) is not tried again, so the caller hears after
+    one socket timeout rather than one per retry (four: 20 s and more). A refused or
+    dropped connection (a dead master) is still retried, within give_up_s. RedisCluster
+    retries the error types of this class attribute (guarded in
+    tests/contract/test_dependency_internals.py); long-lived processes keep them all and
+    ride out a failover."""
+
+    ERRORS_ALLOW_RETRY = tuple(  # type: ignore[assignment]
+        error for error in RedisCluster.ERRORS_ALLOW_RETRY
+        if not issubclass(error, redis.TimeoutError))
 
 
 class LazyCluster:
@@ -124,14 +141,15 @@ def cluster_backoff() -> ExponentialBackoff:
     return ExponentialBackoff(cap=2.0, base=0.1)
 
 
-def cluster_retry(retries: int) -> Retry:
+def cluster_retry(retries: int, *, timeouts: bool = True) -> Retry:
     """How RedisCluster retries a command that met a dead or moved master (it reads the
     slot map again between tries); after that BrokerUnavailable, and a slot pauses and
-    tries again until the shard's replica is elected."""
-    return Retry(cluster_backoff(), retries,
-                 supported_errors=(redis.ConnectionError, redis.TimeoutError))
+    tries again until the shard's replica is elected. ``timeouts`` False: a short-lived
+    caller's (with :class:`ShortLivedCluster`), which does not retry a timeout."""
+    errors = (redis.ConnectionError, redis.TimeoutError) if timeouts else (redis.ConnectionError,)
+    return Retry(cluster_backoff(), retries, supported_errors=errors)
 
 
 __all__ = [
-    "LazyCluster", "cluster_backoff", "cluster_retry", "connect",
+    "LazyCluster", "ShortLivedCluster", "cluster_backoff", "cluster_retry", "connect",
 ]

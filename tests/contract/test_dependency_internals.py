@@ -17,6 +17,9 @@ redis-py
   credentials behind a Sentinel client; ``Sentinel.sentinels`` (broker/redis_ha.py, the
   one-line MasterNotFoundError).
 - ``redis.crc.key_slot`` (broker/health.py): the hash slot of a queue's key.
+- ``RedisCluster.ERRORS_ALLOW_RETRY`` (broker/redis_ha.py ``ShortLivedCluster``): the
+  error types a Cluster command is retried on (by exact type); a short-lived caller's
+  client leaves TimeoutError out, so a frozen master costs one socket timeout.
 - ``Script.sha`` / ``Script.script`` of what ``register_script`` returns
   (broker/redis_durability.py ``publish_replicated``: EVALSHA + WAIT in one pipeline).
 - ``ConnectionPool.make_connection()`` / ``.reset()``, its ``_available_connections``
@@ -122,6 +125,20 @@ def test_redis_cluster_nodes_manager_has_what_the_broker_uses() -> None:
         assert callable(getattr(redis.cluster.RedisCluster, name, None)), name
     assert list(inspect.signature(redis.cluster.RedisCluster.get_redis_connection)
                 .parameters) == ["self", "node"]
+
+
+def test_redis_cluster_retries_the_error_types_of_its_class_attribute() -> None:
+    """ShortLivedCluster overrides the class attribute RedisCluster's command loop reads
+    (``type(e) in self.__class__.ERRORS_ALLOW_RETRY``) to retry no TimeoutError."""
+    from qcluster.broker.redis_ha import ShortLivedCluster
+
+    allowed = redis.cluster.RedisCluster.ERRORS_ALLOW_RETRY
+    assert redis.TimeoutError in allowed and redis.ConnectionError in allowed
+    source = inspect.getsource(redis.cluster.RedisCluster._internal_execute_command)
+    assert "self.__class__.ERRORS_ALLOW_RETRY" in source, (
+        "RedisCluster no longer reads ERRORS_ALLOW_RETRY from its class (redis_ha.py)")
+    assert redis.TimeoutError not in ShortLivedCluster.ERRORS_ALLOW_RETRY
+    assert redis.ConnectionError in ShortLivedCluster.ERRORS_ALLOW_RETRY
 
 
 def test_redis_sentinel_pool_has_what_the_health_check_reads() -> None:

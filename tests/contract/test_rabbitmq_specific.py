@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -10,12 +11,17 @@ from pathlib import Path
 import pytest
 from kombu import Connection, Producer
 
-from qcluster import App, Client, Job
-from qcluster.broker import Settlement, open_broker
+from qcluster import App, Client, Job, exitcodes
+from qcluster.broker import SHORT_LIVED_GIVE_UP_S, Settlement, open_broker
+from qcluster.broker.base import mask_url
 from qcluster.broker.kombu_broker import KombuBroker, queue_exchange
 from qcluster.errors import BrokerUnavailable
 from qcluster.slot.runtime import SlotRunner
-from tests.conftest import free_port, rabbitmqctl, wait_until
+from tests.conftest import QCLUSTER, free_port, qcluster_env, rabbitmqctl, wait_until
+
+#: What a blocked short-lived enqueue may take beyond SHORT_LIVED_GIVE_UP_S (a read under
+#: way, a busy machine): far below the 30 s confirm timeout it waited before.
+BLOCKED_MARGIN_S = 10.0
 
 
 def test_failover_skips_an_unreachable_url(rabbitmq_url: str, queue_name: str) -> None:
@@ -206,7 +212,7 @@ def test_a_publish_blocked_by_a_resource_alarm_says_so(
     broker = KombuBroker(rabbitmq_url, confirm_timeout_s=3.0)
     try:
         broker.publish(queue_name, "before", b'{"n": 0}')
-        rabbitmqctl("set_vm_memory_high_watermark", "0.00001")
+        _memory_alarm()
         try:
             with caplog.at_level(logging.WARNING, logger="qcluster.broker.amqp_link"), \
                     pytest.raises(BrokerUnavailable) as blocked:
@@ -223,8 +229,95 @@ def test_a_publish_blocked_by_a_resource_alarm_says_so(
         broker.close()
 
 
+def _memory_alarm() -> None:
+    """Raise the node's memory alarm, and wait until the node has it: the node sets it
+    after the command returns, and a publish read before then goes through."""
+    rabbitmqctl("set_vm_memory_high_watermark", "0.00001")
+    wait_until(lambda: "memory" in rabbitmqctl("eval", "rabbit_alarm:get_alarms()."),
+               timeout_s=60, interval_s=0.2, message="the memory alarm")
+
+
 def _publishes(broker: KombuBroker, queue: str) -> bool:
     try:
         return broker.publish(queue, f"after-{time.monotonic()}", b'{"n": 2}')
     except BrokerUnavailable:
         return False
+
+
+def test_a_short_lived_publisher_gives_up_on_a_blocked_broker(
+    rabbitmq_url: str, queue_name: str
+) -> None:
+    """A Client's enqueue on a broker that blocks publishers (a memory alarm) waited the
+    whole 30 s publisher-confirm timeout. Now it gives up SHORT_LIVED_GIVE_UP_S after the
+    broker said it blocks, in one line naming the alarm. The job was already written to the
+    socket, so it may or may not be stored: the line says so. The same connection's next
+    enqueue, already known blocked, writes nothing and says that nothing was enqueued. A
+    count (stats), which waited on that connection until the alarm cleared, is answered on
+    a new one. Once the alarm clears, the Client publishes again. No timing is asserted:
+    the bound is how long the test waits for the three calls to end."""
+    client = Client(rabbitmq_url)
+    outcomes: list[BaseException | None] = []
+    counted: list[int] = []
+    three_ended, cleared = threading.Event(), threading.Event()
+
+    def enqueue(n: int) -> BaseException | None:
+        try:
+            client.enqueue(queue_name, {"n": n})
+            return None
+        except BrokerUnavailable as exc:
+            return exc
+
+    def one_connection() -> None:  # one thread: one connection (a Client's per thread)
+        outcomes.extend([enqueue(1), enqueue(2)])
+        counted.append(client.stats(queue_name)["ready"])
+        three_ended.set()
+        cleared.wait()
+        wait_until(lambda: enqueue(3) is None, timeout_s=60,
+                   message="publishing again once the alarm cleared")
+
+    client.enqueue(queue_name, {"n": 0})  # the queue exists before the alarm
+    _memory_alarm()
+    thread = threading.Thread(target=one_connection, daemon=True)
+    try:
+        thread.start()
+        assert three_ended.wait(timeout=SHORT_LIVED_GIVE_UP_S + BLOCKED_MARGIN_S), \
+            f"a short-lived call waited for the blocked broker (ended: {outcomes}, {counted})"
+        sent, refused = outcomes
+        safe_url = mask_url(rabbitmq_url)
+        assert isinstance(sent, BrokerUnavailable), sent
+        assert str(sent).startswith(
+            f"RabbitMQ at {safe_url} blocks publishers (its memory or disk alarm): what was "
+            "sent may or may not be stored"), sent
+        assert "nothing was enqueued" not in str(sent)
+        assert isinstance(refused, BrokerUnavailable), refused
+        assert str(refused).startswith(
+            f"RabbitMQ at {safe_url} blocks publishers (its memory or disk alarm): nothing "
+            "was enqueued; "), refused
+        assert counted and counted[0] >= 1, counted  # the job enqueued before the alarm
+    finally:
+        rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+        cleared.set()
+    thread.join(timeout=90)
+    assert not thread.is_alive(), "the blocked connection never published again"
+    client.close()
+
+
+def test_qcluster_enqueue_on_a_blocked_broker_exits_5(
+    rabbitmq_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """``qcluster enqueue`` during a memory alarm waited the 30 s confirm timeout, and
+    then its close handshake, which the blocked broker does not read, until the alarm
+    cleared. Now it gives up SHORT_LIVED_GIVE_UP_S after the block, drops the
+    connection, and exits 5 naming the alarm. The bound is the subprocess's timeout."""
+    Client(rabbitmq_url).enqueue(queue_name, {"n": 0})  # the queue exists before
+    _memory_alarm()
+    try:
+        result = subprocess.run(
+            [*QCLUSTER, "enqueue", "--broker", rabbitmq_url, queue_name, '{"n": 1}'],
+            env=qcluster_env(COLUMNS="300"), capture_output=True, text=True, cwd=tmp_path,
+            timeout=SHORT_LIVED_GIVE_UP_S + BLOCKED_MARGIN_S + 2.0)  # 2 s: Python starts
+    finally:
+        rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+    assert result.returncode == exitcodes.BROKER_CONNECT, result
+    assert f"RabbitMQ at {mask_url(rabbitmq_url)} blocks publishers (its memory or disk " \
+           "alarm): what was sent may or may not be stored" in result.stderr, result.stderr

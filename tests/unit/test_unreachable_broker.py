@@ -9,6 +9,8 @@ thread's join, a subprocess's timeout), and the test asserts it ended, and how."
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -28,8 +30,8 @@ from qcluster.broker.redis_broker import RedisBroker
 from qcluster.broker.redis_client import SOCKET_TIMEOUT_S
 from qcluster.client import Client
 from qcluster.errors import BrokerUnavailable
-from tests.brokers import PrivateRedis
-from tests.conftest import QCLUSTER, qcluster_env
+from tests.brokers import PrivateRedis, PrivateRedisCluster
+from tests.conftest import QCLUSTER, _started, qcluster_env
 
 #: What a refused call may take beyond SHORT_LIVED_GIVE_UP_S: the backoff wait under way
 #: when it passes (kombu's is at most 1.2 s by then) and a busy machine.
@@ -39,6 +41,9 @@ REFUSED_BOUND_S = SHORT_LIVED_GIVE_UP_S + MARGIN_S
 #: A call to a broker that accepts and never answers: one connect or reply timeout more.
 SILENT_BOUND_S = SHORT_LIVED_GIVE_UP_S + max(SOCKET_TIMEOUT_S, URL_OPTIONS["connect_timeout"]
                                              ) + MARGIN_S
+#: A Cluster client's call: also reads the slot map and (a first call) checks every
+#: master's durability, a dozen round trips that a busy machine slows. Before, 16 to 32 s.
+CLUSTER_SILENT_BOUND_S = SILENT_BOUND_S + 3.0
 #: A command also starts Python and imports qcluster first.
 COMMAND_BOUND_S = REFUSED_BOUND_S + 2.0
 
@@ -180,3 +185,43 @@ def test_long_lived_processes_keep_their_retries(redis_url: str, rabbitmq_url: s
     assert isinstance(short, RedisBroker)
     assert 1 <= short.client.connection_pool.connection_kwargs["retry"].get_retries() < 5
     short.close()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedisCluster]:
+    # No failover while a master is frozen: the test is about waiting for a silent one.
+    cluster = PrivateRedisCluster(Path(tmp_path_factory.mktemp("redis-cluster")),
+                                  node_timeout_ms=60000)
+    _started(cluster.start)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("connected", [True, False], ids=["connected", "fresh"])
+def test_a_client_gives_up_on_a_frozen_cluster_master(
+        redis_cluster: PrivateRedisCluster, connected: bool) -> None:
+    """A Redis Cluster master that stops answering (SIGSTOP): the Cluster client retried
+    the timed-out command with the slot map read again, the publish retried it too, and
+    a first call's durability check asked the frozen master twice, 5 s each: 16 to 32 s measured.
+    Now one socket timeout. The queue's master is not the first node listed, which a
+    client that was never connected asks for the slot map."""
+    queue = next(name for name in (f"frozen-{n}" for n in range(100))
+                 if redis_cluster.master_of(f"qc:{{{name}}}:ready") is not redis_cluster.nodes[0])
+    url = redis_cluster.url + "?replica_timeout_ms=4500"
+    client = Client(url)
+    client.enqueue(queue, {"n": 0})
+    if not connected:
+        client.close()
+        client = Client(url)
+    master = redis_cluster.master_of(f"qc:{{{queue}}}:ready")
+    assert master.proc is not None
+    os.kill(master.proc.pid, signal.SIGSTOP)
+    try:
+        outcome = _ends_within(CLUSTER_SILENT_BOUND_S, lambda: client.enqueue(queue, {"n": 1}))
+    finally:
+        os.kill(master.proc.pid, signal.SIGCONT)
+        client.close()
+    assert isinstance(outcome, BrokerUnavailable), outcome
+    assert "unreachable" in str(outcome) and "\n" not in str(outcome), outcome
