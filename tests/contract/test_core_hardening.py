@@ -252,13 +252,20 @@ def test_a_handler_returning_a_coroutine_fails_the_batch_instead_of_acking_it(
     def handle(jobs: list[Job]):
         return work(jobs)  # a sync handler handing back a coroutine nobody awaits
 
+    reasons = _reasons_three_jobs_died_for(app, broker_url, queue_name)
+    assert ran == []
+    assert all("returned coroutine" in reason for reason in reasons), reasons
+
+
+def _reasons_three_jobs_died_for(app: App, broker_url: str, queue_name: str) -> list[str]:
+    """Three jobs enqueued to ``queue_name`` and run by a slot of ``app`` until all three
+    are dead letters: their reasons."""
     client = Client(broker_url)
     client.enqueue_many(queue_name, [1, 2, 3])
     runner = SlotRunner(app, queue_name, open_broker(broker_url))
     run_until(runner, lambda: client.stats(queue_name)["dead"] == 3)
     runner._flush()
-    assert ran == []
-    assert all("returned coroutine" in d.reason for d in client.dead_jobs(queue_name))
+    return [dead.reason for dead in client.dead_jobs(queue_name)]
 
 
 def _sync_returns_a_coroutine(app: App, queue: str, ran: list[int]) -> None:
@@ -299,13 +306,8 @@ def test_a_per_job_handler_returning_unrun_work_fails_its_job_instead_of_acking_
     app = App()
     ran: list[int] = []
     declare(app, queue_name, ran)
-    client = Client(broker_url)
-    client.enqueue_many(queue_name, [1, 2, 3])
-    runner = SlotRunner(app, queue_name, open_broker(broker_url))
-    run_until(runner, lambda: client.stats(queue_name)["dead"] == 3)
-    runner._flush()
+    reasons = _reasons_three_jobs_died_for(app, broker_url, queue_name)
     assert ran == []
-    reasons = [d.reason for d in client.dead_jobs(queue_name)]
     assert len(reasons) == 3 and all("the handler returned" in r for r in reasons), reasons
 
 
