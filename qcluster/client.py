@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from qcluster import otel
 from qcluster.broker import SHORT_LIVED_GIVE_UP_S, Broker, DeadJob, open_broker
+from qcluster.errors import ClientClosed
 from qcluster.job import DEFAULT_MAX_MESSAGE_BYTES, check_delay, encode_new_jobs
 from qcluster.jobs import JobInfo
 from qcluster.names import check_job_id, check_queue_name, closest
@@ -50,6 +51,8 @@ class Client:
     One Client may be shared by threads and by the processes forked after it was made:
     a RabbitMQ connection serves one thread of one process, so each other thread or
     process gets a connection of its own at its first call (Redis: one pool serves all).
+    Once closed (``close()``, the end of its ``with`` block) it refuses every call
+    (:class:`~qcluster.errors.ClientClosed`).
     """
 
     def __init__(
@@ -212,9 +215,13 @@ class _PerThread:
         self._lock, self._lock_pid = threading.Lock(), os.getpid()
         self._shared: bool | None = None
         """Whether ``first`` serves every thread (None: not asked yet)."""
+        self._closed = False
 
     def here(self) -> Broker:
         """This thread's broker, opened at its first call."""
+        if self._closed:  # a call would open connections that nobody closes
+            raise ClientClosed("this Client is closed (close() or the end of its with "
+                               "block): make a new one")
         key = (os.getpid(), threading.get_ident())
         if key == self._owner or self._shared:
             return self._first
@@ -259,6 +266,9 @@ class _PerThread:
 
     def close(self) -> None:
         """Close this process's brokers (a forked process leaves its parent's open)."""
+        if self._closed:
+            return
+        self._closed = True
         with self._locked():
             mine = os.getpid()
             for (pid, _), broker in self._others.items():

@@ -44,6 +44,10 @@ class InvalidJobId(QClusterError, ValueError):
     """A job id that no job can have: empty, blank or over MAX_JOB_ID_CHARS."""
 
 
+class ClientClosed(QClusterError, RuntimeError):
+    """A call on a :class:`~qcluster.client.Client` after its ``close()``."""
+
+
 class InvalidDelay(QClusterError, ValueError):
     """A delay that is not a finite number of seconds in [0, MAX_DELAY_S]."""
 
