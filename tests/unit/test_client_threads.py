@@ -1,7 +1,9 @@
 """One ``Client`` shared by a producer's threads (a web server's request threads) and by the
 processes it forks (a preloading server's workers), on real Redis and RabbitMQ: every job
 arrives and no call fails. A RabbitMQ connection serves one thread at a time; shared, the
-threads' frames interleaved and every one of them failed with the broker 'unreachable'."""
+threads' frames interleaved and every one of them failed with the broker 'unreachable'.
+Once closed, a Client says so (ClientClosed) in any thread, instead of quietly opening
+connections nobody will close."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from qcluster import Client
 from qcluster.app import App
+from qcluster.errors import ClientClosed
 from tests.contract.test_rabbitmq_quorum import queue_types
 from tests.threads import run_in_threads
 
@@ -74,3 +77,17 @@ def test_another_thread_declares_the_queue_as_the_app_says(rabbitmq_url: str) ->
             assert queue_types(queue).get(queue) == "quorum"
         finally:
             client.broker.delete_queue(queue)
+
+
+def test_a_closed_client_refuses_every_call_in_every_thread(url: str) -> None:
+    queue = f"closed-{uuid.uuid4().hex[:8]}"
+    with Client(url) as client:
+        client.enqueue(queue, {"n": 1})
+        client.purge(queue)
+    with pytest.raises(ClientClosed, match="closed"):
+        client.enqueue(queue, {"n": 2})
+    with pytest.raises(ClientClosed):
+        client.stats(queue)
+    errors = run_in_threads(lambda: client.enqueue(queue, {"n": 3}), 1, timeout_s=30)
+    assert [type(error) for error in errors] == [ClientClosed]
+    client.close()  # closing again is harmless
