@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import amqp
 
 from qcluster.broker.amqp_readahead import Connection
-from qcluster.broker.base import UNREACHABLE_HINT, mask_url
+from qcluster.broker.base import mask_url, unreachable
 from qcluster.broker.urls import join_urls, split_urls
 from qcluster.errors import BrokerError, BrokerUnavailable
 
@@ -125,7 +125,7 @@ class AmqpLink:
                 interval_max=3.0, errback=lambda exc, interval: self.on_wait(), timeout=timeout,
             )
         except Exception as exc:
-            raise BrokerUnavailable(self.unreachable(exc)) from exc
+            raise BrokerUnavailable(unreachable("RabbitMQ", self.safe_url, exc)) from exc
         # The live py-amqp connection, for the heartbeat thread (which must never connect):
         # kombu may have reconnected inside ensure_connection, so read it every time.
         live = self.conn.connection
@@ -176,16 +176,22 @@ class AmqpLink:
             if not self.drain(0.0):
                 return
 
+    def blocks_short_lived(self) -> bool:
+        """Whether this is a short-lived caller's connection that the broker blocks, after
+        reading the frames already received (an unblock may be among them). Long-lived
+        processes wait for the alarm to clear: always False for them."""
+        if self.give_up_s is None or self.blocked_at is None:
+            return False
+        self.read_received()
+        return self.blocked_at is not None
+
     def _not_blocked(self) -> None:
         """A short-lived caller's request (a count, a declare) does not go out on a
         connection the broker blocks: the broker reads nothing from it until the alarm
         clears, so the request would wait that long. Raising a connection error here makes
         :meth:`retrying` drop it and run the request again on a new connection, which the
         broker reads until it publishes. (A publish is refused before: amqp_publish.)"""
-        if self.give_up_s is None or self.blocked_at is None:
-            return
-        self.read_received()  # it may have unblocked meanwhile
-        if self.blocked_at is not None:
+        if self.blocks_short_lived():
             raise ConnectionAbortedError("it blocks this connection (its memory or disk "
                                          "alarm) and reads nothing from it: opening another")
 
@@ -201,12 +207,6 @@ class AmqpLink:
             self.conn.collect()
         except Exception:  # best effort on a connection that is already broken
             logger.debug("collect after a connection error failed", exc_info=True)
-
-    def unreachable(self, exc: BaseException) -> str:
-        """The one line said when the broker cannot be reached: the URL, why, and what
-        to check."""
-        return (f"RabbitMQ at {self.safe_url} unreachable: {str(exc).rstrip('.')} "
-                f"({UNREACHABLE_HINT})")
 
     def retrying(self, op: Callable[[], T]) -> T:
         """``op`` on a live connection; after a recoverable error the connection is
@@ -224,7 +224,7 @@ class AmqpLink:
                 self.lost()
                 if attempt == self.max_retries or (
                         deadline is not None and time.monotonic() >= deadline):
-                    raise BrokerUnavailable(self.unreachable(exc)) from exc
+                    raise BrokerUnavailable(unreachable("RabbitMQ", self.safe_url, exc)) from exc
                 self.on_wait()
                 time.sleep(min(0.1 * 2**attempt, 2.0))
             except amqp.exceptions.AMQPError as exc:

@@ -148,12 +148,8 @@ class Publisher:
     def refuse_when_blocked(self) -> None:
         """A short-lived caller (``give_up_s``) writes nothing on a connection the broker
         is known to block: it would wait for a confirm that cannot come (and any request,
-        a queue's declare too, hangs while the broker reads nothing from the connection).
-        Frames already received are read first: an unblock may be among them."""
-        if self.link.give_up_s is None or self.link.blocked_at is None:
-            return
-        self.link.read_received()
-        if self.link.blocked_at is not None:
+        a queue's declare too, hangs while the broker reads nothing from the connection)."""
+        if self.link.blocks_short_lived():
             raise BrokerUnavailable(self._blocks_publishers(sent=False))
 
     def _gave_up_blocked(self) -> bool:

@@ -44,6 +44,11 @@ SHORT_LIVED_GIVE_UP_S = 2.0
 #: What BrokerUnavailable's one line tells the user to check, after the URL and the reason.
 UNREACHABLE_HINT = "is it running, and are the URL's host and port right?"
 
+
+def unreachable(broker: str, safe_url: str, reason: object) -> str:
+    """BrokerUnavailable's one line: ``Redis at URL unreachable: why (what to check)``."""
+    return f"{broker} at {safe_url} unreachable: {str(reason).rstrip('.')} ({UNREACHABLE_HINT})"
+
 #: A queue's ``max_attempts`` when its policy does not say.
 DEFAULT_MAX_ATTEMPTS: int = QueuePolicy.model_fields["max_attempts"].default
 

@@ -20,15 +20,20 @@ import redis
 
 from qcluster.broker import redis_durability, redis_jobs
 from qcluster.broker.base import (
-    UNREACHABLE_HINT,
     Broker,
     DeadJob,
     DeadRetention,
     QueueStats,
     Settlement,
     mask_url,
+    unreachable,
 )
-from qcluster.broker.redis_client import CONNECTION_ERRORS, connection_backoff, retries_within
+from qcluster.broker.redis_client import (
+    CONNECTION_ERRORS,
+    cluster_backoff,
+    connection_backoff,
+    retries_within,
+)
 from qcluster.broker.redis_client import client_options as _client_options
 from qcluster.broker.redis_jobs import decoded
 from qcluster.broker.redis_scripts import (
@@ -140,11 +145,9 @@ class RedisBroker(Broker):
         """
         parsed = url if isinstance(url, BrokerUrl) else parse_broker_url(url)
         if give_up_s is not None:
-            retries = retries_within(give_up_s, connection_backoff())
-            if parsed.kind == "redis-cluster":  # its retries wait longer (redis_ha)
-                from qcluster.broker.redis_ha import cluster_backoff
-
-                retries = retries_within(give_up_s, cluster_backoff())
+            # A Cluster's retries wait longer (redis_ha.cluster_retry).
+            retries = retries_within(give_up_s, cluster_backoff()
+                                     if parsed.kind == "redis-cluster" else connection_backoff())
         if parsed.is_redis_ha:
             return cls._from_ha_url(parsed, retries=retries, short_lived=give_up_s is not None)
         text = parsed.text
@@ -212,9 +215,7 @@ class RedisBroker(Broker):
         try:
             yield
         except CONNECTION_ERRORS as exc:
-            raise BrokerUnavailable(
-                f"Redis at {self.safe_url} unreachable: {str(exc).rstrip('.')} "
-                f"({UNREACHABLE_HINT})") from exc
+            raise BrokerUnavailable(unreachable("Redis", self.safe_url, exc)) from exc
         except redis.exceptions.InvalidResponse as exc:
             # Not a Redis reply at all: the URL names another service (the manager's port,
             # an HTTP server), or the link garbled it. Nothing was stored; the next call

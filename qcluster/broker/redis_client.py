@@ -46,6 +46,12 @@ def connection_backoff() -> ExponentialBackoff:
     return ExponentialBackoff(cap=2.0, base=0.05)
 
 
+def cluster_backoff() -> ExponentialBackoff:
+    """The wait before each of a Cluster command's retries: 0.2 s, doubling, at most 2 s
+    (redis_ha.cluster_retry)."""
+    return ExponentialBackoff(cap=2.0, base=0.1)
+
+
 def retries_within(give_up_s: float, backoff: AbstractBackoff) -> int:
     """How many retries of a failed connection fit in ``give_up_s`` of ``backoff``'s
     waits (redis-py counts retries, not time): at least one, so that a pooled connection

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from qcluster.broker.base import UNREACHABLE_HINT
+from qcluster.broker.base import unreachable
 from qcluster.broker.redis_client import CONNECTION_ERRORS, SLOT_MAP_CHANGES, SOCKET_TIMEOUT_S
 from qcluster.broker.redis_jobs import decoded
 from qcluster.broker.urls import REDIS_HA_SCHEMES
@@ -202,9 +202,9 @@ def refuse_silent_master(broker: RedisBroker, key: str) -> None:
     node = cast(Any, broker.client).get_node_from_key(key)
     where = f"{node.host}:{node.port}"
     if where in broker._silent:
-        raise BrokerUnavailable(
-            f"Redis at {broker.safe_url} unreachable: master {where}, which holds the queue, "
-            f"did not answer in {SOCKET_TIMEOUT_S:g} s ({UNREACHABLE_HINT})")
+        raise BrokerUnavailable(unreachable(
+            "Redis", broker.safe_url,
+            f"master {where}, which holds the queue, did not answer in {SOCKET_TIMEOUT_S:g} s"))
 
 
 def server_for(broker: RedisBroker, key: str) -> redis.Redis:

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import redis
-from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
+from qcluster.broker.redis_client import cluster_backoff
 from qcluster.broker.urls import BrokerUrl, host_text
 
 
@@ -136,11 +137,6 @@ class NodeScript:
             return target.eval(cast(str, self.script), len(keys), *keys, *args)
 
 
-def cluster_backoff() -> ExponentialBackoff:
-    """The wait before each of a Cluster command's retries: 0.2 s, doubling, at most 2 s."""
-    return ExponentialBackoff(cap=2.0, base=0.1)
-
-
 def cluster_retry(retries: int, *, timeouts: bool = True) -> Retry:
     """How RedisCluster retries a command that met a dead or moved master (it reads the
     slot map again between tries); after that BrokerUnavailable, and a slot pauses and
@@ -151,5 +147,5 @@ def cluster_retry(retries: int, *, timeouts: bool = True) -> Retry:
 
 
 __all__ = [
-    "LazyCluster", "ShortLivedCluster", "cluster_backoff", "cluster_retry", "connect",
+    "LazyCluster", "ShortLivedCluster", "cluster_retry", "connect",
 ]
